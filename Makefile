@@ -1,0 +1,42 @@
+# mlxgraph: every target creates or reuses the virtual environment in .venv.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
+OUT := out
+export HF_HUB_OFFLINE := 1
+
+.PHONY: venv demo test test-slow generate lint bench
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[export,dev]"
+	touch $(STAMP)
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[export,dev,bench]"
+	touch $(BENCH_STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	@mkdir -p $(OUT)
+	$(VENV)/bin/mlxgraph export tiny-llama -o $(OUT)/tiny-llama.mlxg
+	$(VENV)/bin/mlxgraph generate $(OUT)/tiny-llama.mlxg --prompt "Once upon a time" --max-tokens 64
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+generate: $(STAMP)
+	$(VENV)/bin/flatc --python --gen-onefile -o generated/ schema/mlxgraph.fbs
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+bench: $(BENCH_STAMP)
+	$(PY) benchmarks/cache_bench.py
+	$(PY) benchmarks/generate_bench.py

@@ -1,0 +1,1 @@
+"""mlxgraph.exporter."""

@@ -1,0 +1,65 @@
+"""MLX kernels: one small registered function per op.
+
+A kernel is called as ``fn(**inputs, **attributes)`` with every field of its op table by
+name: tensor inputs as mx.array, Operand inputs as mx.array (tensor), Python int (value
+slot) or Python scalar (literal, kept weak so it does not promote the tensor's dtype),
+DType attributes as mx.Dtype (or None), other attributes as Python values. Kernels
+registered with ``needs_context=True`` also get ``ctx`` (the running step: its KV stores).
+A kernel returns the op's output: an array (or an int for a value output), or a list of
+them for a list output. Kernels never force an evaluation.
+"""
+
+from dataclasses import dataclass
+from importlib import import_module
+
+from mlxgraph.schema.spec import op_codes, op_specs
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A registered kernel."""
+
+    op: str              # op table name, e.g. 'AddNode'
+    fn: object
+    needs_context: bool
+
+
+KERNELS: dict = {}
+
+_MODULES = ("elementwise", "reductions", "linalg", "layout", "creation", "symbolic", "fused", "attention")
+
+
+def register(op: str, needs_context: bool = False):
+    """Decorator: register ``fn`` as the kernel of ``op`` ('Add' or 'AddNode').
+
+    Raises:
+        KeyError: the schema has no such op.
+    """
+    name = op_specs()[op_codes()[op]].name
+
+    def wrap(fn):
+        KERNELS[name] = Kernel(name, fn, needs_context)
+        return fn
+
+    return wrap
+
+
+def get_kernel(op: str) -> Kernel | None:
+    """The kernel for an op table name, or None when this version has none."""
+    _load_all()
+    return KERNELS.get(op)
+
+
+_loaded = False
+
+
+def _load_all():
+    global _loaded
+    if not _loaded:
+        for m in _MODULES:
+            try:
+                import_module(f"{__name__}.{m}")
+            except ModuleNotFoundError as e:
+                if e.name != f"{__name__}.{m}":
+                    raise
+        _loaded = True

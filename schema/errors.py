@@ -1,0 +1,36 @@
+"""The one error type for a bad graph file."""
+
+
+class GraphFormatError(Exception):
+    """A graph file is not valid.
+
+    Attributes:
+        path: the file (or "<bytes>").
+        node: index of the node in the main chain, or None.
+        field: the field at fault, or None.
+        reason: what is wrong, in plain words.
+    """
+
+    def __init__(self, reason: str, path=None, node=None, field=None):
+        self.path = str(path) if path is not None else "<bytes>"
+        self.node = node
+        self.field = field
+        self.reason = reason
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = [self.path]
+        if self.node is not None:
+            where.append(f"node {self.node}")
+        if self.field is not None:
+            where.append(f"field {self.field}")
+        return f"{': '.join(where)}: {self.reason}"
+
+    def located(self, path=None, node=None, field=None) -> "GraphFormatError":
+        """Return a copy with missing location parts filled in."""
+        return GraphFormatError(
+            self.reason,
+            path if self.path == "<bytes>" and path is not None else self.path,
+            self.node if self.node is not None else node,
+            self.field if self.field is not None else field,
+        )

@@ -1,0 +1,229 @@
+"""Read .mlxg files: map the file, verify it, and read it through the generated bindings.
+
+:func:`open_graph` is the one way in: it maps the file (constants are never copied by
+the reader), runs the verifier (schema/verifier.py) and returns a :class:`GraphFile`
+whose accessors decode the FlatBuffer into plain records (schema/records.py).
+"""
+
+import mmap
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from mlxgraph.generated import mlxgraph_generated as fb
+from mlxgraph.schema.dtypes import dtype_info
+from mlxgraph.schema.errors import GraphFormatError
+from mlxgraph.schema.records import (
+    ConstantInfo,
+    LayerCacheInfo,
+    ModelInfo,
+    NodeRecord,
+    Operand,
+    Provenance,
+    SymbolInfo,
+    TensorInfo,
+)
+from mlxgraph.schema.spec import load_schema, op_specs
+
+
+def _str(raw) -> str:
+    return raw.decode("utf-8", "replace") if raw is not None else ""
+
+
+def decode_operand(obj) -> Operand | None:
+    """A generated Operand struct as an :class:`Operand` record (None stays None)."""
+    if obj is None:
+        return None
+    return Operand.from_code(obj.Kind(), obj.Index(), obj.Number())
+
+
+def decode_op_table(spec, table) -> dict:
+    """Read every field of an op table through its generated class.
+
+    Args:
+        spec: the op's OpSpec.
+        table: the flatbuffers Table the Node's union field points at.
+    Returns:
+        {field name: value}; absent optional fields are None.
+    """
+    obj = getattr(fb, spec.name)()
+    obj.Init(table.Bytes, table.Pos)
+    out = {}
+    for f in spec.table.fields:
+        if f.is_vector:
+            if getattr(obj, f"{f.accessor}IsNone")():
+                out[f.name] = None
+            elif f.type == "Operand":
+                getter = getattr(obj, f.accessor)
+                out[f.name] = [decode_operand(getter(j)) for j in range(getattr(obj, f"{f.accessor}Length")())]
+            else:
+                out[f.name] = [x.item() for x in getattr(obj, f"{f.accessor}AsNumpy")()]
+        elif f.type == "Operand":
+            out[f.name] = decode_operand(getattr(obj, f.accessor)())
+        else:
+            out[f.name] = getattr(obj, f.accessor)()
+    return out
+
+
+class GraphFile:
+    """A mapped, verified graph file. Accessors decode lazily and cache."""
+
+    def __init__(self, path, data, root):
+        self.path = Path(path) if path is not None else None
+        self.data = data            # the whole file (mmap or bytes)
+        self.root = root            # generated Graph table
+
+    @property
+    def name(self) -> str:
+        """The file's name for messages."""
+        return str(self.path) if self.path is not None else "<bytes>"
+
+    @property
+    def version(self) -> tuple:
+        """(major, minor) of the format that wrote the file."""
+        return (self.root.VersionMajor(), self.root.VersionMinor())
+
+    @property
+    def producer(self) -> str:
+        """The program that wrote the file."""
+        return _str(self.root.Producer())
+
+    @cached_property
+    def tensors(self) -> list:
+        """Tensor slots as TensorInfo."""
+        names = [s.name for s in self.symbols]
+        out = []
+        for i in range(self.root.TensorsLength()):
+            t = self.root.Tensors(i)
+            shape = []
+            for j in range(t.ShapeLength()):
+                d = t.Shape(j)
+                sym = d.Symbol()
+                shape.append(names[sym] if sym >= 0 else (None if sym == -2 else d.Size()))
+            dt = t.Dtype()
+            out.append(TensorInfo(_str(t.Name()), None if dt is None else dtype_info(dt).name, tuple(shape)))
+        return out
+
+    @cached_property
+    def values(self) -> list:
+        """Value slot names."""
+        return [_str(self.root.Values(i).Name()) for i in range(self.root.ValuesLength())]
+
+    @cached_property
+    def symbols(self) -> list:
+        """Symbolic dims as SymbolInfo."""
+        out = []
+        for i in range(self.root.SymbolsLength()):
+            s = self.root.Symbols(i)
+            out.append(SymbolInfo(_str(s.Name()), s.Min(), s.Max(), s.Value()))
+        return out
+
+    def _io(self, n, get) -> dict:
+        return {_str(get(i).Name()): get(i).Tensor() for i in range(n)}
+
+    @cached_property
+    def inputs(self) -> dict:
+        """Graph inputs: name -> tensor slot."""
+        return self._io(self.root.InputsLength(), self.root.Inputs)
+
+    @cached_property
+    def outputs(self) -> dict:
+        """Graph outputs: name -> tensor slot."""
+        return self._io(self.root.OutputsLength(), self.root.Outputs)
+
+    @cached_property
+    def constants(self) -> list:
+        """Constants as ConstantInfo."""
+        out = []
+        for i in range(self.root.ConstantsLength()):
+            c = self.root.Constants(i)
+            out.append(ConstantInfo(c.Tensor(), c.Offset(), c.Length(), _str(c.Hash())))
+        return out
+
+    @cached_property
+    def metadata(self) -> ModelInfo:
+        """Model metadata."""
+        m = self.root.Metadata()
+        if m is None:
+            return ModelInfo()
+        layers = []
+        for i in range(m.LayersLength()):
+            lc = m.Layers(i)
+            layers.append(LayerCacheInfo(lc.LayerId(), lc.KvHeads(), lc.HeadDim(), lc.VHeadDim(), lc.SlidingWindow()))
+        extra = {}
+        for i in range(m.ExtraLength()):
+            kv = m.Extra(i)
+            extra[_str(kv.Key())] = _str(kv.Value())
+        eos = tuple(int(x) for x in m.EosTokenIdsAsNumpy()) if not m.EosTokenIdsIsNone() else ()
+        return ModelInfo(
+            _str(m.Architecture()), m.NumLayers(), m.VocabSize(), m.HiddenSize(), m.MaxContext(),
+            eos, m.BosTokenId(), tuple(layers), _str(m.Tokenizer()), extra,
+        )
+
+    @cached_property
+    def nodes(self) -> list:
+        """The main chain's nodes as NodeRecords."""
+        specs = op_specs()
+        chain = self.root.Chains(0)
+        out = []
+        for i in range(chain.NodesLength()):
+            node = chain.Nodes(i)
+            spec = specs[node.OpType()]
+            fields = decode_op_table(spec, node.Op())
+            p = node.Provenance()
+            prov = Provenance(_str(p.Source()), _str(p.ModulePath()), _str(p.Target())) if p else Provenance()
+            out.append(NodeRecord(spec.name, fields, prov))
+        return out
+
+    def constant_bytes(self, index: int) -> memoryview:
+        """The raw bytes of constant ``index`` (a view of the mapped file, no copy)."""
+        c = self.constants[index]
+        return memoryview(self.data)[c.offset:c.offset + c.length]
+
+    def constant_array(self, index: int) -> np.ndarray:
+        """Constant ``index`` as a read-only numpy view in its storage dtype (bfloat16 as uint16)."""
+        c = self.constants[index]
+        t = self.tensors[c.tensor]
+        info = dtype_info(t.dtype)
+        arr = np.frombuffer(self.data, dtype=info.numpy_storage, count=c.length // info.itemsize, offset=c.offset)
+        return arr.reshape(t.shape)
+
+
+def _map(path: Path):
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            if size == 0:
+                return b""
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise GraphFormatError(f"cannot read: {e.strerror or e}", path) from None
+
+
+def open_graph(source, verify: bool = True, deep: bool = False) -> GraphFile:
+    """Map and (by default) verify a graph file.
+
+    Args:
+        source: a path, or the file's bytes.
+        verify: run the verifier (leave on unless the file was just verified).
+        deep: also check every constant's content hash.
+    Raises:
+        GraphFormatError: the file cannot be read or is not a valid graph file.
+    """
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        path, data = None, source
+    else:
+        path = Path(source)
+        data = _map(path)
+    if verify:
+        from mlxgraph.schema.verifier import verify_buffer
+
+        verify_buffer(data, path=path, deep=deep)
+    elif len(data) < 8:
+        raise GraphFormatError("file too short to be a graph file", path)
+    root = fb.Graph.GetRootAs(data, 0)
+    return GraphFile(path, data, root)
+
+
+__all__ = ["GraphFile", "open_graph", "decode_op_table", "decode_operand", "load_schema"]

@@ -1,0 +1,7 @@
+"""`python -m mlxgraph.tools` runs the command line."""
+
+import sys
+
+from mlxgraph.tools.cli import main
+
+sys.exit(main())

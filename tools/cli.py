@@ -1,0 +1,66 @@
+"""The `mlxgraph` command: one subcommand per module in mlxgraph.tools.
+
+Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
+Exit codes: 0 success (or "same"/"valid"), 1 a negative answer (invalid, different),
+2 bad usage or an unreadable file.
+"""
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, one-line help)
+COMMANDS = {
+    "export": ("export_cmd", "export a Hugging Face model folder or built-in model to a graph file"),
+    "generate": ("generate_cmd", "generate text with a graph file"),
+    "inspect": ("inspect_cmd", "summarise a graph file: metadata, ops, nodes, constants"),
+    "verify": ("verify_cmd", "check a graph file (exit 0 valid, 1 invalid)"),
+    "diff": ("diff_cmd", "aligned node-stream diff of two graph files (exit 0 same, 1 different)"),
+    "compare": ("compare_cmd", "run two graph files and find the first node that diverges"),
+}
+
+
+def _load(name: str):
+    try:
+        return importlib.import_module(f"mlxgraph.tools.{COMMANDS[name][0]}")
+    except ModuleNotFoundError as e:
+        if e.name == f"mlxgraph.tools.{COMMANDS[name][0]}":
+            return None
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every available subcommand."""
+    parser = argparse.ArgumentParser(prog="mlxgraph", description="PyTorch language models as graph files, run on MLX.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module = _load(name)
+        if module is not None:
+            module.add_arguments(p)
+        else:
+            p.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run the command line; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    module = _load(args.command)
+    if module is None:
+        print(f"mlxgraph {args.command}: not yet available in this version", file=sys.stderr)
+        return 2
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
