@@ -1,0 +1,23 @@
+"""Errors raised while running a graph."""
+
+
+class SessionError(ValueError):
+    """A step's inputs are not acceptable (shape, dtype, positions, bounds).
+
+    The session is unchanged when this is raised.
+    """
+
+
+class GraphRuntimeError(RuntimeError):
+    """A node failed while building a step; names the file, node index, op and source.
+
+    The session is unchanged when this is raised (the step's cache writes are dropped).
+    """
+
+    def __init__(self, path, node_index, op, provenance, reason):
+        self.path = str(path) if path else "<bytes>"
+        self.node_index = node_index
+        self.op = op
+        self.reason = reason
+        src = f" (from {provenance.source} in {provenance.module_path or '?'})" if provenance and provenance.source else ""
+        super().__init__(f"{self.path}: node {node_index} ({op}){src}: {reason}")

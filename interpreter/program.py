@@ -1,0 +1,163 @@
+"""Program: a loaded graph file, verified once, weights mapped once, nodes resolved once.
+
+Every node is resolved at load to a :class:`ResolvedNode`: its kernel (from the registry
+keyed by the union's op code), where each input comes from, its attributes already read
+out of the FlatBuffer and converted, and where its outputs go. A step then does no
+FlatBuffer parsing. A Program is immutable; any number of sessions share it.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+
+from mlxgraph.interpreter.errors import GraphRuntimeError
+from mlxgraph.interpreter.kernels import get_kernel
+from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
+from mlxgraph.schema.errors import GraphFormatError
+from mlxgraph.schema.reader import open_graph
+from mlxgraph.schema.records import LayerCacheInfo
+from mlxgraph.schema.spec import op_codes, op_specs
+
+# How an input field is read at run time.
+TENSOR, VALUE, LITERAL, TENSOR_LIST, OPERAND_LIST = range(5)
+
+
+@dataclass(frozen=True)
+class ResolvedNode:
+    """A node ready to run: kernel, input plan, fixed keyword arguments, output plan."""
+
+    index: int
+    record: object          # the NodeRecord (for errors, observers, tools)
+    fn: object
+    needs_context: bool
+    reads: tuple            # (field name, how, where): how in TENSOR..OPERAND_LIST
+    fixed: dict             # attributes and output-slot fields, passed as they are
+    out_kind: str           # 'tensor' | 'tensors' | 'value'
+    out_slots: tuple        # tensor or value slots written
+    out_dtypes: tuple       # declared mx dtype per written tensor slot (None = keep)
+
+
+def _operand_read(op):
+    if op.kind == "tensor":
+        return TENSOR, op.index
+    if op.kind == "value":
+        return VALUE, op.index
+    return LITERAL, op.python_value()
+
+
+def _resolve(index, record, tensor_dtypes, path) -> ResolvedNode:
+    spec = op_specs()[op_codes()[record.op]]
+    kernel = get_kernel(spec.name)
+    if kernel is None:
+        raise GraphFormatError(f"op {spec.short_name} has no kernel in this mlxgraph", path, index, "op")
+    reads, fixed = [], {}
+    out_kind, out_slots = "tensor", ()
+    for f in spec.table.fields:
+        value = record.fields.get(f.name)
+        if f.role == "in":
+            if value is None:
+                fixed[f.name] = None
+            elif f.type == "Operand" and f.is_vector:
+                reads.append((f.name, OPERAND_LIST, tuple(_operand_read(o) for o in value)))
+            elif f.type == "Operand":
+                how, where = _operand_read(value)
+                if how == LITERAL:
+                    fixed[f.name] = where
+                else:
+                    reads.append((f.name, how, where))
+            elif f.is_vector:
+                reads.append((f.name, TENSOR_LIST, tuple(value)))
+            else:
+                reads.append((f.name, TENSOR, value))
+        elif f.role == "value_in":
+            reads.append((f.name, VALUE, value))
+        elif f.role in ("out", "value_out"):
+            fixed[f.name] = value
+            if f.role == "value_out":
+                out_kind, out_slots = "value", (value,)
+            elif f.is_vector:
+                out_kind, out_slots = "tensors", tuple(value)
+            else:
+                out_slots = (value,)
+        elif f.type == "DType":
+            fixed[f.name] = None if value is None else to_mx_dtype(value)
+        else:
+            fixed[f.name] = value
+    dtypes = tuple(tensor_dtypes[s] for s in out_slots) if out_kind != "value" else ()
+    return ResolvedNode(index, record, kernel.fn, kernel.needs_context, tuple(reads), fixed,
+                        out_kind, out_slots, dtypes)
+
+
+class Program:
+    """An immutable loaded graph: slots, constants (as MLX arrays), resolved nodes, metadata."""
+
+    def __init__(self, graph, constants, nodes, layers):
+        self.graph = graph                  # the GraphFile (records, metadata)
+        self.path = graph.path
+        self.metadata = graph.metadata
+        self.tensor_count = len(graph.tensors)
+        self.value_count = len(graph.values)
+        self.constants = constants          # {tensor slot: mx.array}
+        self.nodes = nodes                  # [ResolvedNode]
+        self.layers = layers                # {layer_id: LayerCacheInfo}
+        self.inputs = graph.inputs
+        self.outputs = graph.outputs
+
+    @classmethod
+    def load(cls, path) -> "Program":
+        """Verify and load a graph file.
+
+        Args:
+            path: the .mlxg file.
+        Raises:
+            GraphFormatError: invalid file, or an op this version cannot run.
+        """
+        graph = open_graph(path)
+        tensor_dtypes = [to_mx_dtype(t.dtype) if t.dtype else None for t in graph.tensors]
+        constants = {}
+        for i, c in enumerate(graph.constants):
+            arr = graph.constant_array(i)
+            a = mx.array(arr)
+            want = tensor_dtypes[c.tensor]
+            if a.dtype != want:
+                a = a.view(want)  # bfloat16 is stored as its uint16 bit pattern
+            constants[c.tensor] = a
+        nodes = [_resolve(i, r, tensor_dtypes, graph.path) for i, r in enumerate(graph.nodes)]
+        layers = _layer_geometry(graph, nodes)
+        return cls(graph, constants, nodes, layers)
+
+    def session(self, capacity=None, kv_dtype=None, windows=None, preallocate=False, max_step=None):
+        """Start a session: per-session KV stores and value slots (see Session)."""
+        from mlxgraph.interpreter.session import Session
+
+        return Session(self, capacity=capacity, kv_dtype=kv_dtype, windows=windows,
+                       preallocate=preallocate, max_step=max_step)
+
+    def __repr__(self) -> str:
+        name = Path(self.path).name if self.path else "<bytes>"
+        return f"Program({name}: {len(self.nodes)} nodes, {len(self.layers)} attention layers)"
+
+
+def _layer_geometry(graph, nodes) -> dict:
+    """Cache geometry per layer_id: from the metadata, else from the K/V slot shapes."""
+    known = {lc.layer_id: lc for lc in graph.metadata.layers}
+    out = {}
+    for n in nodes:
+        if n.record.op != "UpdateAndAttendNode":
+            continue
+        lid = n.fixed["layer_id"]
+        if lid in out:
+            raise GraphFormatError(f"layer_id {lid} is used by two UpdateAndAttend nodes", graph.path, n.index, "layer_id")
+        if lid in known:
+            out[lid] = known[lid]
+            continue
+        k = graph.tensors[n.record.fields["k"]].shape
+        v = graph.tensors[n.record.fields["v"]].shape
+        if len(k) != 4 or len(v) != 4 or not all(isinstance(d, int) for d in (k[1], k[3], v[3])):
+            raise GraphFormatError(f"no cache geometry for layer {lid} (metadata or static K/V shapes)", graph.path, n.index, "layer_id")
+        out[lid] = LayerCacheInfo(lid, k[1], k[3], v[3], 0)
+    return out
+
+
+__all__ = ["Program", "ResolvedNode", "GraphRuntimeError"]

@@ -1,0 +1,244 @@
+"""Session: per-session state (KV stores keyed by layer_id, value slots) and the step loop.
+
+A step builds one lazy MLX graph: no node forces an evaluation, because everything that
+decides a shape (the positions, the cache length) is known on the host. A step that is
+rejected, or whose graph fails to build, leaves the session exactly as it was: the KV
+stores stage their writes and only commit once every node has run.
+"""
+
+import mlx.core as mx
+import numpy as np
+
+from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
+from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, LayerGeometry, make_store
+from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
+from mlxgraph.interpreter.program import TENSOR, TENSOR_LIST, VALUE
+
+DEFAULT_CAPACITY = 4096
+
+
+class StepContext:
+    """What stateful kernels see of the running step."""
+
+    __slots__ = ("stores", "start", "length")
+
+    def __init__(self, stores, start, length):
+        self.stores = stores
+        self.start = start      # absolute position of the step's first token
+        self.length = length    # tokens in the step
+
+    def store(self, layer_id):
+        """The KV store of ``layer_id``."""
+        return self.stores[layer_id]
+
+
+class Session:
+    """Runs a Program's main chain step by step with its own KV cache.
+
+    Args:
+        program: the loaded Program.
+        capacity: the most tokens of history a full-attention layer holds
+            (default: the graph's max context, else 4096).
+        kv_dtype: storage dtype of the cache ('float16', mx.float16, ...); None = compute dtype.
+        windows: sliding-window override: an int for every layer, or {layer_id: window}
+            (0 = full attention); default from the graph's metadata.
+        preallocate: allocate full-attention stores to capacity at once (static) instead of
+            growing them by doubling (dynamic).
+        max_step: the largest step expected (sizes ring buffers; larger steps still work).
+    Raises:
+        SessionError: a bad override.
+    """
+
+    def __init__(self, program, capacity=None, kv_dtype=None, windows=None, preallocate=False, max_step=None):
+        self.program = program
+        meta = program.metadata
+        self.capacity = int(capacity or meta.max_context or DEFAULT_CAPACITY)
+        if self.capacity <= 0:
+            raise SessionError(f"capacity must be positive, got {capacity}")
+        self.kv_dtype = to_mx_dtype(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
+        self.max_step = int(max_step or min(self.capacity, 512))
+        self._windows = self._window_per_layer(windows)
+        self._preallocate = preallocate
+        self.stores = {}
+        self.reset()
+        self._input_plan = self._plan_inputs()
+
+    def _window_per_layer(self, windows) -> dict:
+        layers = self.program.layers
+        if windows is None:
+            return {lid: lc.sliding_window for lid, lc in layers.items()}
+        if isinstance(windows, int):
+            return dict.fromkeys(layers, windows)
+        unknown = set(windows) - set(layers)
+        if unknown:
+            raise SessionError(f"windows names layers {sorted(unknown)}, the graph has {sorted(layers)}")
+        return {lid: windows.get(lid, lc.sliding_window) for lid, lc in layers.items()}
+
+    def _plan_inputs(self):
+        g = self.program.graph
+        plan = []
+        for name, slot in g.inputs.items():
+            t = g.tensors[slot]
+            dims = []
+            for axis, d in enumerate(t.shape):
+                if isinstance(d, str):
+                    sym = next(s for s in g.symbols if s.name == d)
+                    dims.append((axis, sym))
+                else:
+                    dims.append((axis, d))
+            plan.append((name, slot, to_mx_dtype(t.dtype) if t.dtype else None, dims))
+        return plan
+
+    # ------------------------------------------------------------------ state
+    @property
+    def length(self) -> int:
+        """Tokens in the cache: the position the next step must start at."""
+        return self._length
+
+    def reset(self) -> None:
+        """Forget all history."""
+        self.stores = {}
+        for lid, lc in self.program.layers.items():
+            geometry = LayerGeometry(lid, lc.kv_heads, lc.head_dim, lc.v_head_dim, self._windows[lid])
+            policy = CachePolicy(self.capacity, self.kv_dtype, self._preallocate, self._windows[lid], self.max_step)
+            self.stores[lid] = make_store(geometry, policy)
+        self._length = 0
+
+    def trim(self, n: int) -> int:
+        """Rewind the last ``n`` tokens; returns the new length.
+
+        Raises:
+            SessionError: n is negative or larger than the length.
+            CacheError: a ring store cannot rewind that far (the message says how far it can);
+                no store is changed.
+        """
+        n = int(n)
+        if n < 0 or n > self._length:
+            raise SessionError(f"trim({n}): must be between 0 and the length {self._length}")
+        if n == 0:
+            return self._length
+        # Check every store can rewind before changing any of them.
+        for lid, store in self.stores.items():
+            limit = getattr(store, "max_trim", None)
+            if limit is not None and n > limit:
+                raise CacheError(f"layer {lid}: cannot rewind {n} tokens, at most {limit}")
+        for store in self.stores.values():
+            store.trim(n)
+        self._length -= n
+        return self._length
+
+    # ------------------------------------------------------------------ step
+    def step(self, tokens, positions, observer=None):
+        """Run the main chain on one step of tokens.
+
+        Args:
+            tokens: [1, T] ints (mx.array, numpy or nested lists).
+            positions: [T] host ints (list, range, numpy); must be length .. length+T-1.
+            observer: optional ``fn(node_index, node_record, outputs)`` called after each
+                node with its outputs (a list); for tools that compare runs.
+        Returns:
+            The graph's output (``logits`` [1, T, vocab]) as a lazy mx.array; a dict when
+            the graph has several outputs.
+        Raises:
+            SessionError / CacheError: the step is rejected; nothing changed.
+            GraphRuntimeError: a node failed; nothing changed.
+        """
+        positions = self._host_positions(positions)
+        n_new = len(positions)
+        tensors = [None] * self.program.tensor_count
+        values = [None] * self.program.value_count
+        self._bind_inputs({"tokens": tokens, "positions": positions}, tensors, values)
+        for store in self.stores.values():
+            store.begin(n_new)
+        ctx = StepContext(self.stores, self._length, n_new)
+        try:
+            self._run(tensors, values, ctx, observer)
+        except Exception:
+            for store in self.stores.values():
+                store.rollback()
+            raise
+        for store in self.stores.values():
+            store.commit()
+        self._length += n_new
+        outs = {name: tensors[slot] for name, slot in self.program.outputs.items()}
+        return next(iter(outs.values())) if len(outs) == 1 else outs
+
+    def _host_positions(self, positions) -> list:
+        if isinstance(positions, mx.array):
+            positions = np.array(positions)
+        pos = [int(p) for p in np.asarray(positions).reshape(-1)]
+        if not pos:
+            raise SessionError("a step needs at least one token")
+        want = list(range(self._length, self._length + len(pos)))
+        if pos != want:
+            raise SessionError(
+                f"positions {pos[0]}..{pos[-1]} disagree with the cache: the next step must start at "
+                f"position {self._length} and be consecutive"
+            )
+        return pos
+
+    def _bind_inputs(self, given, tensors, values):
+        constants = self.program.constants
+        for slot, arr in constants.items():
+            tensors[slot] = arr
+        bound = {}
+        for name, slot, dtype, dims in self._input_plan:
+            if name not in given:
+                raise SessionError(f"the graph needs input {name!r}; step() gives tokens and positions")
+            arr = given[name]
+            arr = arr if isinstance(arr, mx.array) else mx.array(np.asarray(arr))
+            if dtype is not None and arr.dtype != dtype:
+                arr = arr.astype(dtype)
+            if arr.ndim != len(dims):
+                raise SessionError(f"input {name}: expected {len(dims)} dims, got shape {tuple(arr.shape)}")
+            for axis, d in dims:
+                size = arr.shape[axis]
+                if isinstance(d, int):
+                    if size != d:
+                        raise SessionError(f"input {name}: axis {axis} must be {d}, got {size}")
+                    continue
+                if size < d.min or (d.max is not None and size > d.max):
+                    raise SessionError(f"input {name}: {d.name}={size} outside the graph's bounds [{d.min}, {d.max}]")
+                if bound.setdefault(d.name, size) != size:
+                    raise SessionError(f"input {name}: {d.name}={size} disagrees with {bound[d.name]} from another input")
+                if d.value is not None:
+                    values[d.value] = size
+            tensors[slot] = arr
+
+    def _run(self, tensors, values, ctx, observer):
+        path = self.program.path
+        for node in self.program.nodes:
+            kw = dict(node.fixed)
+            for name, how, where in node.reads:
+                if how == TENSOR:
+                    kw[name] = tensors[where]
+                elif how == VALUE:
+                    kw[name] = values[where]
+                elif how == TENSOR_LIST:
+                    kw[name] = [tensors[i] for i in where]
+                else:  # OPERAND_LIST: tensors, runtime ints and literals mixed
+                    kw[name] = [tensors[w] if h == TENSOR else values[w] if h == VALUE else w for h, w in where]
+            if node.needs_context:
+                kw["ctx"] = ctx
+            try:
+                result = node.fn(**kw)
+            except (CacheError, SessionError):
+                raise
+            except Exception as e:
+                raise GraphRuntimeError(path, node.index, node.record.op[:-4], node.record.provenance, f"{type(e).__name__}: {e}") from e
+            if node.out_kind == "value":
+                values[node.out_slots[0]] = result
+                outputs = [result]
+            else:
+                outputs = [result] if node.out_kind == "tensor" else list(result)
+                for i, (slot, dtype) in enumerate(zip(node.out_slots, node.out_dtypes)):
+                    arr = outputs[i]
+                    if dtype is not None and isinstance(arr, mx.array) and arr.dtype != dtype:
+                        arr = arr.astype(dtype)
+                        outputs[i] = arr
+                    tensors[slot] = arr
+            if observer is not None:
+                observer(node.index, node.record, outputs)
+
+
+__all__ = ["Session", "StepContext", "SessionError"]
