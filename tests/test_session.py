@@ -73,7 +73,7 @@ def test_two_sessions_interleaved_equal_each_alone(tiny):
 
 def test_rejected_steps_leave_the_session_unchanged(tiny):
     path, wts = tiny
-    session = mlxgraph.load(path).session(capacity=10)
+    session = mlxgraph.load(path).session(capacity=20)
     oracle = TinyOracle(wts)
     rng = np.random.default_rng(4)
     run_schedule(session, oracle, rng, 3)
@@ -84,7 +84,7 @@ def test_rejected_steps_leave_the_session_unchanged(tiny):
     with pytest.raises(SessionError, match="at least one"):
         session.step(mx.zeros((1, 0), dtype=mx.int32), [])
     with pytest.raises(CacheError):
-        session.step(mx.zeros((1, 11 - length), dtype=mx.int32), range(length, 11))
+        session.step(mx.zeros((1, 21 - length), dtype=mx.int32), range(length, 21))
     with pytest.raises(SessionError, match="bounds"):
         session.step(mx.zeros((1, 65), dtype=mx.int32), range(length, length + 65))
     assert session.length == length

@@ -1,0 +1,49 @@
+"""Fused kernels: RMS normalization and rotate-half rotary embedding (Hugging Face forms)."""
+
+import mlx.core as mx
+from mlxgraph.interpreter.kernels import register
+
+
+@register("RmsNorm")
+def rms_norm(x, weight=None, out=None, eps=1e-6, weight_offset=0.0):
+    """x * rsqrt(mean(x^2, -1) + eps) * (weight + weight_offset), normalized in float32.
+
+    Two Hugging Face conventions differ in where the result returns to x's dtype:
+    - weight_offset == 0 (LlamaRMSNorm and its many copies): the normalized float32 value
+      is cast to x's dtype, then multiplied by weight (dtypes promote as in torch).
+    - weight_offset != 0 (Gemma's ``1 + weight``): the product is taken in float32 and
+      the result cast to x's dtype.
+    Without a weight the normalized value is returned in x's dtype.
+
+    Raises:
+        ValueError: eps is absent.
+    """
+    if eps is None:
+        raise ValueError("RmsNorm: eps is required")
+    if weight_offset == 0 and (weight is None or weight.dtype == x.dtype):
+        # MLX's fused kernel is the Llama order: float32 normalize, cast, then * weight.
+        return mx.fast.rms_norm(x, weight, eps)
+    xf = x.astype(mx.float32)
+    normed = xf * mx.rsqrt(mx.mean(mx.square(xf), axis=-1, keepdims=True) + eps)
+    if weight is None:
+        return normed.astype(x.dtype)
+    if weight_offset == 0:
+        return weight * normed.astype(x.dtype)
+    return (normed * (weight.astype(mx.float32) + weight_offset)).astype(x.dtype)
+
+
+@register("Rope")
+def rope(x, cos, sin, out=None):
+    """x * cos + rotate_half(x) * sin, rotate_half(x) = concat(-x2, x1) over the last axis.
+
+    cos and sin broadcast against x (e.g. [B, 1, T, D] for x [B, H, T, D]), as Hugging
+    Face's ``apply_rotary_pos_emb`` applies them to one tensor.
+
+    Raises:
+        ValueError: x's last axis is odd.
+    """
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"Rope: the last axis of x must be even, got {d}")
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + mx.concatenate([-x2, x1], axis=-1) * sin

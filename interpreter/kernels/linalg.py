@@ -1,0 +1,58 @@
+"""Matrix-product and lookup kernels: matmul, addmm, linear, embedding, gather."""
+
+import mlx.core as mx
+from mlxgraph.interpreter.kernels import register
+
+
+@register("Matmul")
+def matmul(a, b, out=None):
+    """a @ b with torch.matmul's batching and 1-D rules."""
+    return mx.matmul(a, b)
+
+
+@register("Addmm")
+def addmm(bias, a, b, out=None, alpha=1.0, beta=1.0):
+    """beta * bias + alpha * (a @ b); bias broadcasts. beta == 0 ignores bias (even NaN)."""
+    if beta == 0:
+        prod = mx.matmul(a, b)
+        return prod if alpha == 1 else alpha * prod
+    return mx.addmm(bias, a, b, alpha=alpha, beta=beta)
+
+
+@register("Linear")
+def linear(x, weight, bias=None, out=None):
+    """x @ weight.T (+ bias); weight is [out_features, in_features] as torch stores it."""
+    # weight.T is a strided view: the matmul reads it transposed, nothing is copied.
+    wt = weight.T
+    if bias is None:
+        return mx.matmul(x, wt)
+    if x.ndim < 2:
+        return mx.matmul(x, wt) + bias
+    return mx.addmm(bias, x, wt)
+
+
+@register("Embedding")
+def embedding(weight, indices, out=None):
+    """Rows of ``weight`` at ``indices``: out shape indices.shape + weight.shape[1:]."""
+    return mx.take(weight, indices, axis=0)
+
+
+@register("Gather")
+def gather(x, indices, out=None, axis=0):
+    """torch.gather: out[i][j] = x[i][indices[i][j]] along ``axis`` (take along axis).
+
+    As in torch, ``indices`` may be smaller than x on the other axes; x is cut to match.
+
+    Raises:
+        ValueError: indices and x differ in rank.
+    """
+    if indices.ndim != x.ndim:
+        raise ValueError(f"Gather: indices have rank {indices.ndim}, x has rank {x.ndim}")
+    ax = axis % x.ndim
+    cut = tuple(
+        slice(None) if d == ax or indices.shape[d] == x.shape[d] else slice(0, indices.shape[d])
+        for d in range(x.ndim)
+    )
+    if any(s != slice(None) for s in cut):
+        x = x[cut]
+    return mx.take_along_axis(x, indices, axis=ax)
