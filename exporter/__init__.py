@@ -1,1 +1,10 @@
-"""mlxgraph.exporter."""
+"""mlxgraph.exporter: PyTorch (Hugging Face) decoders to .mlxg graph files.
+
+``export(model_folder_or_builtin_name, out_path, dtype="float32", max_seq_len=2048)``
+is the entry point (see DESIGN section 5). Needs torch and transformers (the ``export``
+extra); never imports the interpreter.
+"""
+
+from mlxgraph.exporter.pipeline import ExportError, UnsupportedOpsError, export
+
+__all__ = ["export", "ExportError", "UnsupportedOpsError"]

@@ -1,0 +1,197 @@
+"""Decode-step cost of the KV cache: mlxgraph's flat store vs a naive cache vs mlx-lm.
+
+    .venv/bin/python benchmarks/cache_bench.py [--json] [--dtype float32] [--reps 60]
+
+For each context length the cache is prefilled, then each decode step writes one token's
+k/v and attends one query over the whole history, evaluated. Every rep trims the token
+back off, so the context stays fixed. Reported: the median per-step time of write+attend
+and of the write alone, the bytes the cache holds per cached token, and the ratio of each
+peer's time to the static flat store's (measured in the same run, round-robin, so that
+drift hits every cache alike).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import mlx.core as mx
+from mlxgraph.interpreter.attention import attend
+from mlxgraph.interpreter.kv_cache import CachePolicy, LayerGeometry, make_store
+
+CONTEXTS = (256, 1024, 4096, 8192)
+B, HKV, HQ, D = 1, 8, 32, 64
+SCALE = D**-0.5
+
+
+class Flat:
+    """mlxgraph's store: staged write, commit, fused-mask attention."""
+
+    def __init__(self, dtype, capacity: int, preallocate: bool):
+        self.name = "flat-static" if preallocate else "flat-dynamic"
+        policy = CachePolicy(capacity=capacity, kv_dtype=dtype, preallocate=preallocate)
+        self.store = make_store(LayerGeometry(0, HKV, D, D, 0), policy)
+
+    def step(self, q, k, v):
+        out = attend(q, *self.store.update(k, v), SCALE, q.dtype)
+        self.store.commit()
+        return [out]
+
+    def write(self, k, v):
+        self.store.update(k, v)
+        self.store.commit()
+        return list(self.store.state)
+
+    def trim(self):
+        self.store.trim(1)
+
+    def bytes_per_token(self):
+        return self.store.bytes_per_token
+
+
+class Naive:
+    """Concatenate the new token onto the history every step (a copy of everything)."""
+
+    name = "naive-concat"
+
+    def __init__(self, dtype):
+        self.keys = self.values = None
+
+    def _append(self, k, v):
+        if self.keys is None:
+            self.keys, self.values = k, v
+        else:
+            self.keys = mx.concatenate([self.keys, k], axis=2)
+            self.values = mx.concatenate([self.values, v], axis=2)
+
+    def step(self, q, k, v):
+        self._append(k, v)
+        mask = "causal" if k.shape[2] > 1 else None
+        return [mx.fast.scaled_dot_product_attention(q, self.keys, self.values, scale=SCALE, mask=mask)]
+
+    def write(self, k, v):
+        self._append(k, v)
+        return [self.keys, self.values]
+
+    def trim(self):
+        self.keys, self.values = self.keys[:, :, :-1], self.values[:, :, :-1]
+
+    def bytes_per_token(self):
+        return (self.keys.nbytes + self.values.nbytes) / self.keys.shape[2]
+
+
+class MlxLm:
+    """mlx-lm's KVCache (grows in 256-token chunks, writes in place)."""
+
+    name = "mlx-lm KVCache"
+
+    def __init__(self, dtype):
+        from mlx_lm.models.cache import KVCache
+
+        self.cache = KVCache()
+
+    def step(self, q, k, v):
+        keys, values = self.cache.update_and_fetch(k, v)
+        mask = "causal" if k.shape[2] > 1 else None
+        return [mx.fast.scaled_dot_product_attention(q, keys, values, scale=SCALE, mask=mask)]
+
+    def write(self, k, v):
+        self.cache.update_and_fetch(k, v)
+        return [self.cache.keys, self.cache.values]
+
+    def trim(self):
+        self.cache.trim(1)
+
+    def bytes_per_token(self):
+        return self.cache.nbytes / self.cache.offset
+
+
+def make_caches(dtype, capacity: int) -> list:
+    caches = [Flat(dtype, capacity, True), Flat(dtype, capacity, False), Naive(dtype)]
+    try:
+        caches.append(MlxLm(dtype))
+    except ImportError:
+        print("mlx-lm not importable: skipping its KVCache (pip install mlx-lm)")
+    return caches
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    mx.eval(fn())
+    return time.perf_counter() - start
+
+
+def measure(context: int, dtype, reps: int, warmup: int) -> list[dict]:
+    """Median step and write times of every cache at one context length."""
+    caches = make_caches(dtype, max(CONTEXTS) + 64)
+    rand = lambda *shape: mx.random.normal(shape).astype(dtype)  # noqa: E731
+    prefill = rand(B, HQ, context, D), rand(B, HKV, context, D), rand(B, HKV, context, D)
+    q, k, v = rand(B, HQ, 1, D), rand(B, HKV, 1, D), rand(B, HKV, 1, D)
+    mx.eval(*prefill, q, k, v)
+    for c in caches:
+        mx.eval(c.step(*prefill))
+    steps = {c.name: [] for c in caches}
+    writes = {c.name: [] for c in caches}
+    for i in range(warmup + reps):
+        for c in caches:  # round-robin: every cache sees the same machine state
+            t_step = timed(lambda c=c: c.step(q, k, v))
+            c.trim()
+            t_write = timed(lambda c=c: c.write(k, v))
+            c.trim()
+            if i >= warmup:
+                steps[c.name].append(t_step)
+                writes[c.name].append(t_write)
+    rows = []
+    for c in caches:
+        rows.append({
+            "context": context,
+            "cache": c.name,
+            "step_us": statistics.median(steps[c.name]) * 1e6,
+            "write_us": statistics.median(writes[c.name]) * 1e6,
+            "bytes_per_token": c.bytes_per_token(),
+        })
+    base = rows[0]
+    for r in rows:
+        r["step_ratio"] = r["step_us"] / base["step_us"]
+        r["write_ratio"] = r["write_us"] / base["write_us"]
+    return rows
+
+
+def main() -> None:
+    """Run the benchmark and print a table (or JSON with --json)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--reps", type=int, default=60, help="timed reps per cache and context")
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+    dtype = getattr(mx, args.dtype)
+    config = {
+        "batch": B, "kv_heads": HKV, "q_heads": HQ, "head_dim": D, "dtype": args.dtype,
+        "device": str(mx.default_device()), "machine": platform.machine(),
+        "mlx": mx.__version__, "reps": args.reps, "warmup": args.warmup,
+    }
+    rows = [r for c in CONTEXTS for r in measure(c, dtype, args.reps, args.warmup)]
+    if args.json:
+        print(json.dumps({"config": config, "rows": rows}, indent=2))
+        return
+    print(
+        f"decode step = write 1 token's k/v + attend 1 query, evaluated; B={B} Hkv={HKV} "
+        f"Hq={HQ} D=Dv={D} {args.dtype} on {config['device']} (mlx {mx.__version__}); "
+        f"median of {args.reps} reps after {args.warmup} warm-up; ratio = time / flat-static"
+    )
+    head = f"{'context':>7}  {'cache':<15} {'step us':>9} {'ratio':>6}  {'write us':>9} {'ratio':>6}  {'bytes/token':>11}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(
+            f"{r['context']:>7}  {r['cache']:<15} {r['step_us']:>9.1f} {r['step_ratio']:>6.2f}  "
+            f"{r['write_us']:>9.1f} {r['write_ratio']:>6.2f}  {r['bytes_per_token']:>11.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

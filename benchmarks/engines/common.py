@@ -1,0 +1,90 @@
+"""What the per-engine benchmark processes share: arguments, timing summary, result line.
+
+Every engine is timed the same way by its own harness loop: ``t0`` just before the
+engine's generate call, then the host time at which each generated token became known.
+Prefill tok/s = prompt tokens / (first token time - t0); decode tok/s = (tokens - 1) /
+(last token time - first token time). Each engine runs a short warm-up generation first,
+then ``--runs`` measured ones; the best run (least disturbed by the shared machine) is
+reported, with the median alongside.
+"""
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+
+RESULT_PREFIX = "RESULT "
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """--model PATH --prompt-ids 1,2,3 --new-tokens N --runs R --warmup-tokens W."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True, help="HF folder (mlx-lm, transformers) or .mlxg (mlxgraph)")
+    ap.add_argument("--prompt-ids", required=True)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--warmup-tokens", type=int, default=8)
+    args = ap.parse_args(argv)
+    args.prompt = [int(x) for x in args.prompt_ids.split(",")]
+    return args
+
+
+class Timer:
+    """Collects the host time of each generated token of one run."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.times, self.tokens = [], []
+
+    def token(self, tok: int) -> None:
+        """Record that token ``tok`` is known now."""
+        self.times.append(time.perf_counter())
+        self.tokens.append(int(tok))
+
+    def figures(self, prompt_len: int) -> dict:
+        """prefill/decode tokens per second of this run."""
+        first, last, n = self.times[0], self.times[-1], len(self.times)
+        return {"prefill_tps": prompt_len / (first - self.t0),
+                "decode_tps": (n - 1) / (last - first) if n > 1 else 0.0}
+
+
+def run_all(generate_once, args) -> dict:
+    """Warm up, run ``args.runs`` times, summarise. ``generate_once(prompt, n, timer)``."""
+    generate_once(args.prompt, args.warmup_tokens, Timer())
+    runs = []
+    for _ in range(args.runs):
+        timer = Timer()
+        generate_once(args.prompt, args.new_tokens, timer)
+        runs.append(timer)
+    figs = [r.figures(len(args.prompt)) for r in runs]
+    rss = peak_rss_bytes()
+    return {
+        "prefill_tps": max(f["prefill_tps"] for f in figs),
+        "decode_tps": max(f["decode_tps"] for f in figs),
+        "prefill_tps_median": statistics.median(f["prefill_tps"] for f in figs),
+        "decode_tps_median": statistics.median(f["decode_tps"] for f in figs),
+        "tokens": runs[0].tokens,
+        "runs_agree": all(r.tokens == runs[0].tokens for r in runs),
+        "peak_rss_bytes": rss,
+    }
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set. VmHWM belongs to the process image, while
+    ru_maxrss carries over the parent's peak across fork + exec."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+
+
+def emit(doc: dict) -> None:
+    """Print the result as the last stdout line, for the orchestrator to parse."""
+    sys.stdout.write(RESULT_PREFIX + json.dumps(doc) + "\n")
+    sys.stdout.flush()

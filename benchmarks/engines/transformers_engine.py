@@ -1,0 +1,50 @@
+"""Benchmark process: greedy generation with transformers (torch eager, its default cache).
+
+    python benchmarks/engines/transformers_engine.py --model FOLDER --prompt-ids 1,2,3 --new-tokens 128
+
+No BLAS preload here (torch brings its own, and OpenBLAS's threads would slow it). A
+streamer timestamps each new token; EOS is switched off so exactly N tokens come out.
+"""
+
+import sys
+
+from common import emit, parse_args, run_all
+
+
+def main() -> int:
+    """Run the benchmark and print the result line."""
+    args = parse_args()
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers.generation.streamers import BaseStreamer
+
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+
+    class Stamp(BaseStreamer):
+        def __init__(self, timer):
+            self.timer, self.seen_prompt = timer, False
+
+        def put(self, value):
+            if not self.seen_prompt:  # the first put is the prompt itself
+                self.seen_prompt = True
+                return
+            self.timer.token(int(value.reshape(-1)[0]))
+
+        def end(self):
+            pass
+
+    def once(prompt, n, timer):
+        config = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+        ids = torch.tensor([prompt], dtype=torch.long)
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                           streamer=Stamp(timer))
+
+    doc = run_all(once, args)
+    doc.update(engine="transformers", blas=f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
+    emit(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

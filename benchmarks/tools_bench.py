@@ -1,0 +1,132 @@
+"""Time `mlxgraph inspect` and `mlxgraph diff` on a ~135M-parameter Llama graph.
+
+The graph has SmolLM-135M's geometry (30 layers, hidden 576, 9 heads / 3 KV heads,
+intermediate 1536, vocabulary 49152, tied embeddings). It is exported from a randomly
+initialised Hugging Face model when the exporter is installed (``--source export``), or
+built directly with GraphWriter (``--source synthetic``: the same geometry, RmsNorm and
+RoPE decomposed as an unfused export emits them). Each command is timed twice: in
+process (the tool's own work) and as a fresh ``python -m mlxgraph.tools`` process (what a
+person waits for, interpreter start and imports included). The target is under a second.
+
+    .venv/bin/python benchmarks/tools_bench.py [--source auto|export|synthetic] [--repeat 3]
+"""
+
+import argparse
+import contextlib
+import io
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GEOMETRY = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True)
+
+
+def build_exported(folder: Path, dtype: str) -> Path:
+    """Export the geometry from a random Hugging Face Llama (cached in ``folder``)."""
+    from mlxgraph.exporter import export
+    from mlxgraph.exporter.builtins import build_model, make_config
+
+    hf = folder / "hf-llama-135m"
+    if not (hf / "config.json").exists():
+        build_model(make_config("llama", max_position_embeddings=2048, **GEOMETRY), seed=0).save_pretrained(hf)
+    out = folder / f"llama-135m-{dtype}.mlxg"
+    if not out.exists():
+        export(str(hf), str(out), dtype=dtype, max_seq_len=2048)
+    return out
+
+
+def build_synthetic(folder: Path, dtype: str, order_seed=None) -> Path:
+    """Write the geometry with GraphWriter (order_seed renumbers every slot)."""
+    from mlxgraph.tools.synthetic import llama
+
+    g = GEOMETRY
+    out = folder / f"synthetic-135m-{dtype}{'' if order_seed is None else f'-order{order_seed}'}.mlxg"
+    if not out.exists():
+        llama(layers=g["num_hidden_layers"], hidden=g["hidden_size"], heads=g["num_attention_heads"],
+              kv_heads=g["num_key_value_heads"], intermediate=g["intermediate_size"], vocab=g["vocab_size"],
+              dtype=dtype, max_context=2048, decomposed=True, tied=True).write(out, order_seed=order_seed)
+    return out
+
+
+def time_in_process(argv, repeat: int) -> tuple:
+    """(best seconds, exit code) of the CLI run in this process, output discarded."""
+    from mlxgraph.tools.cli import main
+
+    best, code = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = main(argv)
+        best = min(best, time.perf_counter() - t0)
+    return best, code
+
+
+def time_process(argv, repeat: int) -> float:
+    """Best wall seconds of a fresh ``python -m mlxgraph.tools`` process."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "mlxgraph.tools", *argv], stdout=subprocess.DEVNULL, check=False)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> int:
+    """Build the graphs, time the commands, print a table."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--source", choices=("auto", "export", "synthetic"), default="auto")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where to keep the graphs (default: a temporary folder)")
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    source = args.source
+    if source == "auto":
+        try:
+            import mlxgraph.exporter  # noqa: F401
+            source = "export"
+        except ImportError:
+            source = "synthetic"
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(args.dir or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        if source == "export":
+            a, b16 = build_exported(folder, "float32"), build_exported(folder, "float16")
+            renumbered = None
+        else:
+            a, b16 = build_synthetic(folder, "float32"), build_synthetic(folder, "float16")
+            renumbered = build_synthetic(folder, "float32", order_seed=1)
+        print(f"graphs ({source}) ready in {time.perf_counter() - t0:.1f} s")
+        from mlxgraph.schema.reader import open_graph
+
+        g = open_graph(a)
+        params = sum(c.length for c in g.constants) // 4
+        print(f"{a.name}: {len(g.nodes)} nodes, {len(g.tensors)} tensor slots, {len(g.constants)} constants, "
+              f"~{params / 1e6:.0f}M parameters, {a.stat().st_size / 2**20:.0f} MiB")
+        del g
+        cases = [
+            ("inspect", ["inspect", str(a)]),
+            ("inspect --nodes --constants", ["inspect", str(a), "--nodes", "--constants"]),
+            ("inspect --json --nodes", ["inspect", str(a), "--json", "--nodes"]),
+            ("diff A A", ["diff", str(a), str(a)]),
+        ]
+        if renumbered is not None:
+            cases.append(("diff A renumbered(A)", ["diff", str(a), str(renumbered)]))
+        cases += [
+            ("diff A A16 --no-stats", ["diff", str(a), str(b16), "--no-stats"]),
+            ("diff A A16 (constant stats)", ["diff", str(a), str(b16)]),
+        ]
+        print(f"{'command':<32} {'in process':>11} {'new process':>12}  exit")
+        for label, argv in cases:
+            t_in, code = time_in_process(argv, args.repeat)
+            t_proc = time_process(argv, args.repeat)
+            print(f"{label:<32} {t_in:>9.3f} s {t_proc:>10.3f} s  {code}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

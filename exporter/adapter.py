@@ -1,0 +1,104 @@
+"""Adapt a Hugging Face decoder to the graph's calling convention, without editing its code.
+
+An attention implementation named ``mlxgraph`` is registered with transformers'
+``AttentionInterface``; it calls ``mlxgraph::update_and_attend`` instead of computing
+attention over a mask. The name is deliberately *not* registered with
+``AttentionMaskInterface``: for an implementation that has no mask function, transformers'
+mask builders return ``None`` before emitting any op (not even the packed-sequence
+detection they run otherwise), so the exported graph holds no mask computation and the
+cache alone decides the mask (DESIGN section 3).
+
+:class:`DecoderAdapter` wraps a ``*ForCausalLM`` as ``forward(tokens [1, T], positions
+[T]) -> logits [1, T, vocab]``, called with ``use_cache=False`` and explicit position ids.
+While it runs, each attention call records its layer's cache geometry (kv heads, head
+dims, sliding window as the model itself passes it), which becomes the graph's metadata.
+"""
+
+import threading
+import weakref
+
+import torch
+from transformers import AttentionInterface
+
+from mlxgraph.exporter.attention_op import reference_cache, update_and_attend
+from mlxgraph.schema.records import LayerCacheInfo
+
+ATTN_IMPLEMENTATION = "mlxgraph"
+
+# The step being run: positions as [T, 1] and the geometry seen so far. Thread-local so
+# two adapters used from different threads do not see each other's step.
+_state = threading.local()
+# adapter -> {layer_id: LayerCacheInfo}. Kept outside the module because torch.export
+# restores a module's Python attributes after tracing, which would drop what was recorded.
+_GEOMETRY = weakref.WeakKeyDictionary()
+
+
+class AdapterError(Exception):
+    """The model uses an attention feature the graph op cannot express."""
+
+
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """The ``mlxgraph`` attention implementation (transformers' attention-function signature).
+
+    Returns (output [B, T, Hq, Dv], None) like the built-in implementations.
+    Raises:
+        AdapterError: called outside a DecoderAdapter, or softcapping / a custom mask asked for.
+    """
+    position = getattr(_state, "position", None)
+    if position is None:
+        raise AdapterError("the mlxgraph attention runs only inside DecoderAdapter.forward")
+    if kwargs.get("softcap") is not None:
+        raise AdapterError(f"{type(module).__name__}: attention logit softcapping is not supported")
+    if attention_mask is not None:
+        raise AdapterError(f"{type(module).__name__}: an explicit attention mask is not supported")
+    layer_id = int(module.layer_idx)
+    window = int(kwargs.get("sliding_window") or 0)
+    scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
+    info = LayerCacheInfo(layer_id, int(key.shape[1]), int(key.shape[-1]), int(value.shape[-1]), window)
+    seen = _state.layers.setdefault(layer_id, info)
+    if seen != info:
+        raise AdapterError(f"layer {layer_id} is called twice with different cache geometry: {seen} vs {info}")
+    reference_cache.windows[layer_id] = window
+    out = torch.ops.mlxgraph.update_and_attend(query, key, value, position, layer_id, scale, None)
+    return out.transpose(1, 2), None
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
+
+
+class DecoderAdapter(torch.nn.Module):
+    """``forward(tokens [1, T] int, positions [T] int) -> logits [1, T, vocab]``.
+
+    Args:
+        model: a transformers ``*ForCausalLM`` in eval mode; its attention implementation
+            is switched to ``mlxgraph``.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        self.model = model
+        _GEOMETRY[self] = {}
+
+    def forward(self, tokens, positions):
+        """Run one step; also records each attention layer's geometry (see layer_infos)."""
+        _state.position = positions.reshape(-1, 1)
+        _state.layers = _GEOMETRY[self]
+        try:
+            out = self.model(input_ids=tokens, position_ids=positions.unsqueeze(0), use_cache=False)
+        finally:
+            _state.position = None
+        return out.logits
+
+    def layer_infos(self) -> tuple:
+        """The geometry recorded by the last forward, ordered by layer_id."""
+        layers = _GEOMETRY[self]
+        return tuple(layers[k] for k in sorted(layers))
+
+
+def reset_reference_cache() -> None:
+    """Forget the eager reference cache's history (keeps the recorded windows)."""
+    reference_cache.reset()
+
+
+__all__ = ["DecoderAdapter", "AdapterError", "ATTN_IMPLEMENTATION", "reset_reference_cache", "update_and_attend"]

@@ -1,0 +1,98 @@
+"""The custom op ``mlxgraph::update_and_attend`` and its eager reference cache.
+
+The op is functional from torch's point of view (it mutates no tensor argument), so an
+exported graph holds no cache tensors: the cache is off-graph state keyed by
+``layer_id`` (DESIGN section 3). Tracing uses the fake kernel (shape and dtype only).
+The eager kernel appends K/V to a module-level reference cache and runs masked attention,
+so a model rewritten to call this op still runs in torch and serves as an oracle.
+
+Mask rule of the reference (the same one Hugging Face applies): a query at absolute
+position p sees a cached key at position s when s <= p and, for a layer with a sliding
+window W > 0, p - s < W.
+"""
+
+import torch
+
+__all__ = ["update_and_attend", "reference_cache", "ReferenceCache"]
+
+
+class ReferenceCache:
+    """Eager K/V history per layer_id: keys, values and their absolute positions.
+
+    Windows (layer_id -> W, 0 = full attention) decide the mask; K/V are kept whole,
+    which is simple and exact for a reference.
+    """
+
+    def __init__(self):
+        self.windows = {}
+        self.layers = {}
+
+    def reset(self, windows: dict | None = None) -> None:
+        """Forget all history; optionally set the sliding window of each layer_id."""
+        self.layers = {}
+        if windows is not None:
+            self.windows = {int(k): int(v) for k, v in windows.items()}
+
+    def length(self, layer_id: int) -> int:
+        """Tokens cached for ``layer_id``."""
+        entry = self.layers.get(layer_id)
+        return 0 if entry is None else entry[2].numel()
+
+    def append(self, layer_id: int, k, v, position):
+        """Append one step's K/V ([B, H, T, D]) at ``position`` ([T, 1]); returns all of them."""
+        pos = position.reshape(-1).to(torch.long)
+        if layer_id in self.layers:
+            k0, v0, p0 = self.layers[layer_id]
+            k, v, pos = torch.cat([k0, k], 2), torch.cat([v0, v], 2), torch.cat([p0, pos])
+        self.layers[layer_id] = (k, v, pos)
+        return k, v, pos
+
+
+reference_cache = ReferenceCache()
+
+
+@torch.library.custom_op("mlxgraph::update_and_attend", mutates_args=())
+def update_and_attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    position: torch.Tensor,
+    layer_id: int,
+    scale: float,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Append k/v to layer ``layer_id``'s cache and attend q over the cached window.
+
+    Args:
+        q: [B, Hq, T, D]; k: [B, Hkv, T, D] (already rotated); v: [B, Hkv, T, Dv];
+            Hq a multiple of Hkv.
+        position: [T, 1] int, the absolute position of each query token.
+        layer_id: which cache; scale: the softmax scale; out_dtype: None = q's dtype.
+    Returns:
+        [B, Hq, T, Dv] in out_dtype.
+    """
+    keys, values, kpos = reference_cache.append(layer_id, k, v, position)
+    qpos = position.reshape(-1).to(torch.long)
+    b, hq, t, _ = q.shape
+    hkv = keys.shape[1]
+    if hq % hkv:
+        raise ValueError(f"update_and_attend: {hq} query heads is not a multiple of {hkv} kv heads")
+    group = hq // hkv
+    # Grouped-query attention without repeating K/V: fold the group into the query axis.
+    qf = q.float().reshape(b, hkv, group * t, q.shape[-1])
+    scores = (qf @ keys.float().transpose(-1, -2)) * scale          # [B, Hkv, G*T, S]
+    visible = kpos[None, :] <= qpos[:, None]                          # [T, S]
+    window = reference_cache.windows.get(layer_id, 0)
+    if window > 0:
+        visible = visible & (qpos[:, None] - kpos[None, :] < window)
+    visible = visible.repeat(group, 1)                                # [G*T, S]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ values.float()              # [B, Hkv, G*T, Dv]
+    out = out.reshape(b, hq, t, values.shape[-1])
+    return out.to(out_dtype or q.dtype)
+
+
+@update_and_attend.register_fake
+def _fake(q, k, v, position, layer_id, scale, out_dtype=None):
+    b, hq, t, _ = q.shape
+    return q.new_empty((b, hq, t, v.shape[-1]), dtype=out_dtype or q.dtype)

@@ -1,0 +1,74 @@
+"""Built-in tiny models: small configs of real architectures with seeded random weights.
+
+They need no download: ``export("tiny-llama", ...)`` builds the model in memory. Their
+vocabulary is the 256 byte values (tokenizer ``"byte"``: token id = byte value), with
+BOS = 2 (ASCII STX, "start of text") and EOS = 3 (ASCII ETX, "end of text").
+
+Weights are drawn wider than Hugging Face's training init (``initializer_range``): with
+the usual 0.02 a random model's logits are nearly flat and greedy decoding collapses
+into a loop of one or two tokens, which makes a poor demo and a weak test.
+"""
+
+import torch
+
+BYTE_BOS, BYTE_EOS = 2, 3
+
+_COMMON = dict(
+    vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+    bos_token_id=BYTE_BOS, eos_token_id=BYTE_EOS, pad_token_id=0, initializer_range=0.25,
+    tie_word_embeddings=False,
+)
+
+# name -> (transformers model_type, config overrides on top of _COMMON)
+BUILTINS = {
+    "tiny-llama": ("llama", {}),
+    "tiny-qwen2": ("qwen2", {"num_hidden_layers": 3, "tie_word_embeddings": True}),
+    "tiny-mistral": ("mistral", {"sliding_window": 32}),
+    "tiny-gemma3": ("gemma3_text", {
+        "head_dim": 32, "num_key_value_heads": 1, "query_pre_attn_scalar": 32, "sliding_window": 32,
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        # Untied: Gemma scales the input embedding by sqrt(hidden), so with random tied
+        # weights the logits mostly echo the last input token.
+        "tie_word_embeddings": False,
+    }),
+    "tiny-phi3": ("phi3", {"num_hidden_layers": 3, "num_key_value_heads": 4}),
+}
+
+
+def make_config(model_type: str, **overrides):
+    """A transformers config of ``model_type`` with the tiny defaults, then ``overrides``.
+
+    Raises:
+        ValueError: transformers does not know the model type.
+    """
+    from transformers import AutoConfig
+
+    kwargs = {**_COMMON, **overrides}
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def build_model(config, seed: int = 0):
+    """A ``*ForCausalLM`` for ``config`` with weights drawn from a seeded generator (eval mode)."""
+    from transformers import AutoModelForCausalLM
+
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    finally:
+        torch.random.set_rng_state(state)
+    return model.eval()
+
+
+def builtin_model(name: str, seed: int = 0):
+    """The built-in model ``name`` (see BUILTINS).
+
+    Raises:
+        KeyError: not a built-in name.
+    """
+    model_type, overrides = BUILTINS[name]
+    return build_model(make_config(model_type, **overrides), seed)
+
+
+__all__ = ["BUILTINS", "BYTE_BOS", "BYTE_EOS", "make_config", "build_model", "builtin_model"]

@@ -1,0 +1,305 @@
+"""The lowering pass: an exported program (after run_decompositions) to GraphWriter nodes.
+
+It walks the fx graph once, in order, and calls the lowering registered for each node's
+target (exporter/lowerings). Parameters and buffers become constants; user inputs become
+graph inputs with symbolic dims; the program's output becomes the graph output. Every
+op without a lowering, and every lowering that cannot express its node, is collected and
+reported at once (:class:`UnsupportedOpsError`), each with its source location.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.export.graph_signature import InputKind
+
+from mlxgraph.exporter.fusions import run_fusions
+from mlxgraph.exporter.lowerings import LoweringError, lowerings
+from mlxgraph.exporter.symbolic_exprs import SymbolTable
+from mlxgraph.schema.records import NodeRecord, Operand, Provenance
+from mlxgraph.schema.spec import op_codes, op_specs
+
+TORCH_DTYPES = {
+    torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+    torch.float64: "float64", torch.int8: "int8", torch.int16: "int16", torch.int32: "int32",
+    torch.int64: "int64", torch.uint8: "uint8", torch.uint32: "uint32", torch.bool: "bool",
+}
+_CONSTANT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A tensor slot of the graph being written."""
+
+    index: int
+
+
+class _Poison:
+    """What a node becomes when it (or an input) could not be lowered."""
+
+
+POISON = _Poison()
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One op the export cannot lower, and where it comes from."""
+
+    target: str
+    node: str
+    location: str
+    reason: str
+
+    def __str__(self) -> str:
+        why = f" ({self.reason})" if self.reason else ""
+        return f"{self.target}{why} at {self.location} [fx node {self.node}]"
+
+
+class UnsupportedOpsError(Exception):
+    """The model uses ops the exporter cannot lower; ``problems`` lists all of them."""
+
+    def __init__(self, problems):
+        self.problems = list(problems)
+        targets = sorted({p.target for p in self.problems})
+        lines = [f"{len(targets)} unsupported op(s): {', '.join(targets)}"]
+        lines += [f"  - {p}" for p in self.problems]
+        super().__init__("\n".join(lines))
+
+
+def torch_dtype_name(dtype) -> str:
+    """The graph format's name of a torch dtype.
+
+    Raises:
+        LoweringError: a dtype the format has no code for.
+    """
+    try:
+        return TORCH_DTYPES[dtype]
+    except KeyError:
+        raise LoweringError(f"dtype {dtype} has no graph dtype") from None
+
+
+def source_location(node) -> str:
+    """Where a node comes from: the innermost user frame of its stack trace, and its module."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")]
+    # Skip torch's own frames: the useful one is the model code that called the op.
+    user = [f for f in frames if "/torch/" not in f]
+    where = (user or frames or ["<unknown source>"])[-1]
+    module = module_path(node)
+    return f"{where} (module {module})" if module else where
+
+
+def module_path(node, strip_prefix="model.") -> str:
+    """The node's innermost nn.Module path, without the adapter's own attribute prefix."""
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = [v[0] for v in stack.values() if isinstance(v, tuple) and v and isinstance(v[0], str)]
+    paths = [p for p in paths if p and not p.startswith("_")]
+    if not paths:
+        return ""
+    path = paths[-1]
+    return path[len(strip_prefix):] if path.startswith(strip_prefix) else path
+
+
+class LoweringContext:
+    """What a lowering sees: the node being lowered, slots of its inputs, and the writer."""
+
+    def __init__(self, writer, symbols: SymbolTable):
+        self.writer = writer
+        self.symbols = symbols
+        self.env = {}
+        self.node = None
+        self.constant_slots = set()   # tensor slots filled by constants (weights, buffers)
+
+    # ------------------------------------------------------------------ reading inputs
+    def lookup(self, arg):
+        """The lowered value of an fx node argument (Slot, Operand, list or None)."""
+        return self.env[arg] if isinstance(arg, torch.fx.Node) else arg
+
+    def slot(self, arg) -> int:
+        """The tensor slot of a tensor argument.
+
+        Raises:
+            LoweringError: the argument is not a tensor.
+        """
+        v = self.lookup(arg)
+        if not isinstance(v, Slot):
+            raise LoweringError(f"expected a tensor argument, got {v!r}")
+        return v.index
+
+    def operand(self, arg) -> Operand:
+        """A tensor, runtime int or literal argument as an Operand."""
+        v = self.lookup(arg)
+        if isinstance(v, Slot):
+            return Operand.tensor(v.index)
+        if isinstance(v, Operand):
+            return v
+        if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
+            return self.symbols.operand(v, self)
+        if isinstance(v, bool | int | float):
+            return Operand.literal(v)
+        raise LoweringError(f"cannot use {v!r} as an operand")
+
+    def operands(self, args) -> list:
+        """A list of int-like arguments (a shape) as Operands."""
+        return [self.operand(a) for a in args]
+
+    @staticmethod
+    def val(arg):
+        """The traced value (FakeTensor, SymInt, ...) of an fx node argument."""
+        return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+
+    def shape(self, arg) -> tuple:
+        """The traced shape of a tensor argument (ints and SymInts)."""
+        return tuple(self.val(arg).shape)
+
+    def dim_operand(self, arg, axis: int) -> Operand:
+        """The size of ``axis`` of a tensor argument: a literal when static, else a runtime int."""
+        size = self.shape(arg)[axis]
+        if isinstance(size, int):
+            return Operand.literal(size)
+        return self.symbols.operand(size, self, tensor=self.slot(arg), axis=axis)
+
+    # ------------------------------------------------------------------ writing
+    def provenance(self) -> Provenance:
+        """Provenance of the node being lowered."""
+        n = self.node
+        if n is None:
+            return Provenance()
+        return Provenance(n.name, module_path(n), _target_name(n.target))
+
+    def new_tensor(self, val=None, name=None) -> int:
+        """Declare the output slot of the current node (dtype and shape from its traced value)."""
+        val = self.val(self.node) if val is None else val
+        name = name or self.node.name
+        shape = [self.symbols.dim_entry(d) for d in val.shape]
+        return self.writer.add_tensor(name, torch_dtype_name(val.dtype), shape)
+
+    def emit(self, op_name: str, **fields):
+        """Append a node with the current node's provenance.
+
+        Raises:
+            KeyError: unknown op or field.
+        """
+        if "op" not in fields:
+            return self.writer.add_node(op_name, self.provenance(), **fields)
+        # GraphWriter.add_node's own first parameter is named `op`, so a table with a
+        # field `op` (SymArithNode) cannot go through it by keyword: check and append here.
+        spec = op_specs()[op_codes()[op_name]]
+        unknown = set(fields) - {f.name for f in spec.table.fields}
+        if unknown:
+            raise KeyError(f"{spec.name} has no field(s) {sorted(unknown)}")
+        record = NodeRecord(spec.name, dict(fields), self.provenance())
+        self.writer.nodes.append(record)
+        return record
+
+    def emit_out(self, op_name: str, val=None, name=None, **fields) -> Slot:
+        """Declare an output slot, emit ``op`` writing it into field ``out``; returns the Slot."""
+        out = self.new_tensor(val, name)
+        self.emit(op_name, out=out, **fields)
+        return Slot(out)
+
+    def new_value(self, name=None) -> int:
+        """Declare a value slot (runtime int) named after the current node."""
+        return self.writer.add_value(name or self.node.name)
+
+
+def _target_name(target) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._opname}.{target._overloadname}"
+    return getattr(target, "__name__", str(target))
+
+
+def _constant_array(tensor: torch.Tensor):
+    """(numpy array, dtype name) of a constant; bfloat16 as its uint16 bit pattern."""
+    t = tensor.detach().cpu().contiguous()
+    name = torch_dtype_name(t.dtype)
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16), name
+    return t.numpy(), name
+
+
+def lower_program(ep, writer, input_names: dict | None = None, output_names=("logits",),
+                  strip_prefix: str = "model.", fuse: bool = True) -> dict:
+    """Lower an exported program into ``writer``.
+
+    Args:
+        ep: a torch.export.ExportedProgram, already run through run_decompositions().
+        writer: the GraphWriter to fill.
+        input_names: {user input placeholder name: graph input name}; default same names.
+        output_names: graph names of the program's outputs, in order.
+        strip_prefix: dropped from constant and module names (the adapter's attribute).
+        fuse: first rewrite known patterns into fused nodes (exporter/fusions.py; changes ep).
+    Returns:
+        {'symbols': {name: value slot}, 'fusions': {pattern: count}}.
+    Raises:
+        UnsupportedOpsError: ops without a lowering, or that a lowering cannot express.
+    """
+    fusions = run_fusions(ep) if fuse else {}
+    table = lowerings()
+    symbols = SymbolTable(writer, ep.range_constraints)
+    ctx = LoweringContext(writer, symbols)
+    sig = {s.arg.name: s for s in ep.graph_signature.input_specs}
+    problems = []
+    user_inputs = [n for n in ep.graph.nodes if n.op == "placeholder" and sig[n.name].kind == InputKind.USER_INPUT]
+    symbols.declare_from_inputs([(n.name, n.meta["val"]) for n in user_inputs])
+    for n in ep.graph.nodes:
+        ctx.node = n
+        if n.op == "placeholder":
+            spec = sig[n.name]
+            if spec.kind in _CONSTANT_KINDS:
+                if not n.users:
+                    continue  # an unused buffer costs file bytes for nothing
+                tensor = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
+                arr, dtype = _constant_array(tensor)
+                name = spec.target[len(strip_prefix):] if spec.target.startswith(strip_prefix) else spec.target
+                slot = writer.add_constant(name, arr, dtype)
+                ctx.constant_slots.add(slot)
+                ctx.env[n] = Slot(slot)
+            elif spec.kind == InputKind.USER_INPUT:
+                name = (input_names or {}).get(n.name, n.name)
+                slot = ctx.new_tensor(name=name)
+                writer.add_input(name, slot)
+                ctx.env[n] = Slot(slot)
+            else:
+                problems.append(Problem(f"input kind {spec.kind.name}", n.name, "<signature>", "not supported"))
+                ctx.env[n] = POISON
+        elif n.op == "call_function":
+            ctx.env[n] = _lower_node(ctx, table, n, problems)
+        elif n.op == "output":
+            outs = n.args[0]
+            if len(outs) != len(output_names):
+                raise ValueError(f"the program has {len(outs)} outputs, expected {len(output_names)}")
+            for name, arg in zip(output_names, outs):
+                v = ctx.lookup(arg)
+                if isinstance(v, Slot):
+                    writer.add_output(name, v.index)
+        else:
+            problems.append(Problem(f"fx op {n.op}", n.name, source_location(n), "not supported"))
+            ctx.env[n] = POISON
+    if problems:
+        raise UnsupportedOpsError(problems)
+    return {"symbols": symbols.names(), "fusions": fusions}
+
+
+def _inputs_poisoned(ctx, n) -> bool:
+    found = []
+    torch.fx.node.map_arg((n.args, n.kwargs), lambda a: found.append(ctx.env.get(a) is POISON))
+    return any(found)
+
+
+def _lower_node(ctx, table, n, problems):
+    fn = table.get(n.target)
+    if fn is None:
+        problems.append(Problem(_target_name(n.target), n.name, source_location(n), "no lowering"))
+        return POISON
+    if _inputs_poisoned(ctx, n):
+        return POISON  # a consequence of an earlier problem, already reported
+    try:
+        return fn(ctx, n)
+    except LoweringError as e:
+        problems.append(Problem(_target_name(n.target), n.name, source_location(n), str(e)))
+        return POISON
+
+
+__all__ = ["lower_program", "LoweringContext", "Slot", "UnsupportedOpsError", "Problem",
+           "torch_dtype_name", "source_location", "module_path"]

@@ -1,0 +1,90 @@
+"""Runtime integers: tensor sizes (SymSize) and arithmetic on them (SymArith)."""
+
+import math
+import operator
+
+import torch
+
+from mlxgraph.exporter.lowerings import LoweringError, register
+from mlxgraph.exporter.symbolic_exprs import SymOp
+from mlxgraph.schema.records import Operand
+
+aten = torch.ops.aten
+
+
+@register(aten.sym_size.int)
+def sym_size(ctx, node):
+    """A tensor's size on one axis: its symbol's value slot, or a SymSize node."""
+    x, axis = node.args
+    rank = len(ctx.shape(x))
+    return ctx.symbols.operand(ctx.val(node), ctx, tensor=ctx.slot(x), axis=axis % rank)
+
+
+_ARITH = {
+    operator.add: SymOp.add, operator.sub: SymOp.sub, operator.mul: SymOp.mul,
+    operator.floordiv: SymOp.floordiv, operator.mod: SymOp.mod,
+    torch.sym_max: SymOp.max, torch.sym_min: SymOp.min,
+}
+
+
+def _arith(ctx, node):
+    val = ctx.val(node)
+    if isinstance(val, int):
+        return Operand.literal(val)  # torch already knows the answer
+    a, b = (ctx.operand(x) for x in node.args)
+    if a.kind not in ("value", "int") or b.kind not in ("value", "int"):
+        raise LoweringError(f"runtime arithmetic on non-integers ({a}, {b})")
+    if a.is_literal and b.is_literal:
+        return Operand.literal(int(_PY[node.target](a.python_value(), b.python_value())))
+    out = ctx.symbols.arith(_ARITH[node.target], a, b, ctx)
+    ctx.symbols.computed.setdefault(val.node.expr, out)
+    return out
+
+
+_PY = {operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
+       operator.floordiv: operator.floordiv, operator.mod: operator.mod,
+       torch.sym_max: max, torch.sym_min: min}
+
+for _t in _ARITH:
+    register(_t)(_arith)
+
+
+@register(operator.neg)
+def neg(ctx, node):
+    """Negated runtime int."""
+    val = ctx.val(node)
+    if isinstance(val, int):
+        return Operand.literal(val)
+    out = ctx.new_value()
+    ctx.emit("SymArith", op=int(SymOp.neg), a=ctx.operand(node.args[0]), b=Operand.literal(0), out=out)
+    return Operand.value(out)
+
+
+@register(math.ceil, math.floor, math.trunc, torch.sym_int)
+def known_int(ctx, node):
+    """Rounding that torch resolved at trace time; anything still symbolic is unsupported."""
+    val = ctx.val(node)
+    if isinstance(val, int):
+        return Operand.literal(val)
+    raise LoweringError(f"symbolic rounding {val} is not supported")
+
+
+@register(operator.getitem)
+def getitem(ctx, node):
+    """An element of a multi-output op's result."""
+    seq, index = node.args
+    value = ctx.lookup(seq)
+    if not isinstance(value, list | tuple):
+        raise LoweringError("getitem on a value that is not a list of outputs")
+    out = value[index]
+    if out is None:
+        raise LoweringError(f"output {index} of {seq.name} is not produced")
+    return out
+
+
+@register(aten._assert_tensor_metadata.default, aten._assert_scalar.default,
+          aten.sym_constrain_range_for_size.default, aten.sym_constrain_range.default,
+          torch._check, torch._check_is_size)
+def no_value(ctx, node):
+    """Checks that torch.export already proved or that the interpreter enforces: no node."""
+    return None

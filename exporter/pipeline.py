@@ -1,0 +1,164 @@
+"""export(): a Hugging Face model folder or built-in name to a .mlxg graph file.
+
+Steps (each reported through ``progress``): load the model, torch.export it through the
+adapter with a dynamic sequence length, run_decompositions, lower to graph nodes, write.
+"""
+
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from mlxgraph.exporter.adapter import DecoderAdapter
+from mlxgraph.exporter.builtins import BUILTINS, builtin_model
+from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
+from mlxgraph.schema.records import ModelInfo
+from mlxgraph.schema.writer import GraphWriter
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Graph inputs: int32 because MLX indexes and embeds with int32 natively; int64 would
+# buy nothing below 2**31 tokens or positions.
+INPUT_DTYPE = torch.int32
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+class ExportError(Exception):
+    """The export cannot proceed (unknown model, bad option, a model it cannot adapt)."""
+
+
+def _no_progress(_message: str) -> None:
+    pass
+
+
+def load_model(model, dtype: str):
+    """(model, source info) for a built-in name, a model folder, or a ready nn.Module.
+
+    Raises:
+        ExportError: unknown name, not a model folder, or an unknown dtype.
+    """
+    if dtype not in DTYPES:
+        raise ExportError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if isinstance(model, torch.nn.Module):
+        return model.eval().to(DTYPES[dtype]), {"source": type(model).__name__, "tokenizer": ""}
+    name = str(model)
+    if name in BUILTINS:
+        return builtin_model(name).to(DTYPES[dtype]), {"source": name, "tokenizer": "byte"}
+    folder = Path(name)
+    if not (folder / "config.json").is_file():
+        known = ", ".join(BUILTINS)
+        raise ExportError(f"unknown model {name!r}: not a folder with config.json, nor a built-in ({known})")
+    from transformers import AutoModelForCausalLM
+
+    try:
+        m = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype])
+    except (OSError, ValueError, KeyError) as e:
+        raise ExportError(f"{folder}: cannot load the model: {e}") from e
+    has_tokenizer = any((folder / f).is_file() for f in _TOKENIZER_FILES)
+    return m.eval(), {"source": str(folder.resolve()), "tokenizer": str(folder.resolve()) if has_tokenizer else ""}
+
+
+def _token_ids(value) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def model_info(model, adapter, source: dict, max_seq_len: int, dtype: str) -> ModelInfo:
+    """The graph's metadata from the model's config and the geometry its attention reported."""
+    cfg = model.config
+    gen = getattr(model, "generation_config", None)
+    eos = _token_ids(getattr(cfg, "eos_token_id", None)) or _token_ids(getattr(gen, "eos_token_id", None))
+    bos = getattr(cfg, "bos_token_id", None)
+    if bos is None and gen is not None:
+        bos = gen.bos_token_id
+    archs = getattr(cfg, "architectures", None) or [type(model).__name__]
+    layers = adapter.layer_infos()
+    extra = {"model_type": cfg.model_type, "dtype": dtype, "source": source["source"],
+             "torch": torch.__version__}
+    if getattr(cfg, "max_position_embeddings", None):
+        extra["max_position_embeddings"] = cfg.max_position_embeddings
+    return ModelInfo(
+        architecture=archs[0], num_layers=int(getattr(cfg, "num_hidden_layers", len(layers))),
+        vocab_size=int(cfg.vocab_size), hidden_size=int(cfg.hidden_size), max_context=int(max_seq_len),
+        eos_token_ids=eos, bos_token_id=-1 if bos is None else int(bos), layers=layers,
+        tokenizer=source["tokenizer"], extra=extra,
+    )
+
+
+def trace(adapter, max_seq_len: int):
+    """torch.export the adapter with a dynamic sequence length T in [1, max_seq_len]."""
+    example_t = 2 if max_seq_len >= 2 else 1
+    tokens = torch.zeros((1, example_t), dtype=INPUT_DTYPE)
+    positions = torch.arange(example_t, dtype=INPUT_DTYPE)
+    seq = torch.export.Dim("T", min=1, max=max_seq_len)
+    with torch.no_grad():
+        return torch.export.export(adapter, (tokens, positions),
+                                   dynamic_shapes={"tokens": {1: seq}, "positions": {0: seq}})
+
+
+def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, progress=None) -> dict:
+    """Export a decoder to a graph file.
+
+    Args:
+        model: a Hugging Face model folder (config.json + safetensors), a built-in name
+            (tiny-llama, tiny-qwen2, tiny-mistral, tiny-gemma3, tiny-phi3), or a
+            ``*ForCausalLM`` module.
+        out_path: the .mlxg file to write.
+        dtype: float32, float16 or bfloat16: the graph's compute and weight dtype.
+        max_seq_len: the largest step (tokens per call) and the recorded max context.
+        progress: optional ``fn(message)`` called as each long step starts.
+    Returns:
+        stats: nodes, ops (histogram), constants, constant_bytes, file_bytes, seconds,
+        timings per step, path.
+    Raises:
+        ExportError: unknown model or option.
+        UnsupportedOpsError: ops without a lowering (all listed, with their sources).
+    """
+    progress = progress or _no_progress
+    if int(max_seq_len) < 2:
+        raise ExportError(f"max_seq_len must be at least 2, got {max_seq_len}")
+    out_dir = Path(out_path).resolve().parent
+    if not out_dir.is_dir():
+        raise ExportError(f"{out_path}: the folder {out_dir} does not exist")
+    timings, t_start = {}, time.perf_counter()
+
+    def step(name, fn):
+        progress(name)
+        t0 = time.perf_counter()
+        result = fn()
+        timings[name] = time.perf_counter() - t0
+        return result
+
+    m, source = step("loading", lambda: load_model(model, dtype))
+    previous = m.config._attn_implementation
+    adapter = DecoderAdapter(m)
+    try:
+        ep = step("torch.export", lambda: trace(adapter, int(max_seq_len)))
+    finally:
+        m.set_attn_implementation(previous)  # a caller's module is left as it was given
+    if not adapter.layer_infos():
+        raise ExportError(f"{source['source']}: no attention layer called the mlxgraph attention "
+                          "implementation (the model does not use transformers' AttentionInterface)")
+    with warnings.catch_warnings():
+        # torch's own pytree code warns about its own deprecated API while decomposing.
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        ep = step("decompositions", ep.run_decompositions)
+    writer = GraphWriter(producer=f"mlxgraph exporter (torch {torch.__version__})")
+    lowered = step("lowering", lambda: lower_program(ep, writer, output_names=("logits",)))
+    writer.metadata = model_info(m, adapter, source, int(max_seq_len), dtype)
+    sizes = step("writing", lambda: writer.write(out_path))
+    ops = Counter(n.op[:-4] if n.op.endswith("Node") else n.op for n in writer.nodes)
+    return {
+        "path": str(out_path), "model": source["source"], "dtype": dtype, "max_seq_len": int(max_seq_len),
+        "nodes": len(writer.nodes), "ops": dict(ops.most_common()), "tensors": len(writer.tensors),
+        "constants": len(writer.constants), "constant_bytes": sizes["constant_bytes"],
+        "file_bytes": sizes["bytes"], "parameters": sum(p.numel() for p in m.parameters()),
+        "fusions": lowered["fusions"], "seconds": time.perf_counter() - t_start, "timings": timings,
+    }
+
+
+__all__ = ["export", "ExportError", "UnsupportedOpsError", "load_model", "trace", "DTYPES", "INPUT_DTYPE"]

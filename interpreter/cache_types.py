@@ -1,0 +1,33 @@
+"""Value types of the KV cache: the error, a layer's geometry and a session's policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+
+class CacheError(ValueError):
+    """A step, trim or policy a store cannot honour; the store is left unchanged."""
+
+
+@dataclass(frozen=True)
+class LayerGeometry:
+    """Shape facts of one attention layer, from the graph file's metadata."""
+
+    layer_id: int
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    sliding_window: int  # 0 = full attention
+
+
+@dataclass(frozen=True)
+class CachePolicy:
+    """How a session wants one layer's history stored (see module docstring)."""
+
+    capacity: int
+    kv_dtype: mx.Dtype | None
+    preallocate: bool = False
+    window: int = 0
+    max_step: int = 1

@@ -1,0 +1,170 @@
+"""Write the golden graph file of the current format, and the sample graph tests verify.
+
+    .venv/bin/python tests/make_golden.py            # writes tests/golden/format-<X.Y>.mlxg + .json
+
+Run it once per released format version and commit both files; it refuses to overwrite
+an existing golden (a released file must never change). The .json holds what was handed
+to the writer (not what the reader reads back), so tests/test_schema_evolution.py checks
+the reader against an independent record.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from mlxgraph.schema.format import format_version
+from mlxgraph.schema.records import LayerCacheInfo, Operand, Provenance
+from mlxgraph.schema.writer import GraphWriter
+
+GOLDEN = Path(__file__).with_name("golden")
+VOCAB, HIDDEN, HEADS, KV_HEADS, D = 16, 8, 2, 1, 4
+
+
+def build_sample(seed: int = 0, vocab: int = VOCAB) -> GraphWriter:
+    """A small decoder-like graph (a few KB) exercising every kind of field.
+
+    Tensor and value slots, Operands of each kind, vector fields, enums, a tied constant,
+    UpdateAndAttendNode with and without out_dtype, metadata with a layer cache.
+    """
+    rng = np.random.default_rng(seed)
+    w = GraphWriter(producer="mlxgraph-golden")
+    t_val = w.add_symbol("T", 1, 64)
+    tok = w.add_tensor("tokens", "int32", (1, "T"))
+    positions = w.add_tensor("positions", "int32", ("T",))
+    w.add_input("tokens", tok)
+    w.add_input("positions", positions)
+    embed = w.add_constant("model.embed.weight", rng.standard_normal((vocab, HIDDEN)).astype(np.float32))
+    norm = w.add_constant("model.norm.weight", np.ones(HIDDEN, np.float16))
+    wq = w.add_constant("q.weight", rng.standard_normal((HEADS * D, HIDDEN)).astype(np.float32))
+    wk = w.add_constant("k.weight", rng.standard_normal((KV_HEADS * D, HIDDEN)).astype(np.float32))
+    wv = w.add_constant("v.weight", rng.standard_normal((KV_HEADS * D, HIDDEN)).astype(np.float32))
+    lm_head = w.add_constant("lm_head.weight", w.constants[0][1].copy())  # tied: stored once
+
+    def t(name, shape, dtype="float32"):
+        return w.add_tensor(name, dtype, shape)
+
+    def p(source, module, target=""):
+        return Provenance(source, module, target)
+
+    pos = t("position", ("T", 1), "int32")
+    w.add_node("Unsqueeze", x=positions, out=pos, axis=1)
+    x = t("x", (1, "T", HIDDEN))
+    w.add_node("Embedding", p("embedding", "model.embed", "aten.embedding.default"), weight=embed, indices=tok, out=x)
+    h = t("h", (1, "T", HIDDEN))
+    w.add_node("RmsNorm", p("rms_norm", "model.norm"), x=x, weight=norm, out=h, eps=1e-6)
+    heads = {}
+    for name, wt, n in (("q", wq, HEADS), ("k", wk, KV_HEADS), ("v", wv, KV_HEADS)):
+        lin = t(f"{name}_lin", (1, "T", n * D))
+        w.add_node("Linear", p(f"{name}_proj", f"model.attn.{name}_proj", "aten.linear.default"), x=h, weight=wt, out=lin)
+        r = t(f"{name}_4d", (1, "T", n, D))
+        w.add_node("Reshape", x=lin, out=r, shape=[Operand.literal(1), Operand.value(t_val), Operand.literal(n), Operand.literal(D)])
+        tr = t(f"{name}_heads", (1, n, "T", D))
+        w.add_node("Permute", x=r, out=tr, perm=[0, 2, 1, 3])
+        heads[name] = tr
+    att = t("attn", (1, HEADS, "T", D))
+    w.add_node("UpdateAndAttend", p("attn", "model.attn", "mlxgraph.update_and_attend.default"),
+               q=heads["q"], k=heads["k"], v=heads["v"], position=pos, out=att, layer_id=0, scale=D ** -0.5)
+    att2 = t("attn2", (1, HEADS, "T", D), "float16")
+    w.add_node("UpdateAndAttend", q=heads["q"], k=heads["k"], v=heads["v"], position=pos, out=att2,
+               layer_id=1, scale=0.5, out_dtype=1)
+    back = t("attn_t", (1, "T", HEADS, D))
+    w.add_node("Permute", x=att, out=back, perm=[0, 2, 1, 3])
+    flat = t("attn_flat", (1, "T", HEADS * D))
+    w.add_node("Reshape", x=back, out=flat, shape=[Operand.literal(1), Operand.value(t_val), Operand.literal(HEADS * D)])
+    scaled = t("scaled", (1, "T", HIDDEN))
+    w.add_node("Mul", a=Operand.tensor(flat), b=Operand.literal(0.5), out=scaled)
+    n_val = w.add_value("n")
+    w.add_node("SymSize", x=tok, axis=1, out=n_val)
+    m_val = w.add_value("m")
+    # GraphWriter.add_node's own `op` parameter hides SymArithNode.op: set it on the record.
+    w.add_node("SymArith", a=Operand.value(n_val), b=Operand.literal(2), out=m_val).fields["op"] = 2  # mul
+    first = t("first", (1, None, HIDDEN))
+    w.add_node("Slice", x=scaled, out=first, axis=1, start=Operand.literal(0), end=Operand.value(m_val), step=1)
+    mask = t("mask", (1, "T", HIDDEN), "bool")
+    w.add_node("Greater", a=Operand.tensor(scaled), b=Operand.literal(0.0), out=mask)
+    gated = t("gated", (1, "T", HIDDEN))
+    w.add_node("Where", cond=mask, a=Operand.tensor(scaled), b=Operand.literal(False), out=gated)
+    total = t("total", (1, "T"))
+    w.add_node("Sum", x=gated, out=total, axes=[-1], keepdims=False)
+    logits = t("logits", (1, "T", vocab))
+    w.add_node("Linear", p("lm_head", "lm_head"), x=gated, weight=lm_head, out=logits)
+    w.add_output("logits", logits)
+    w.add_output("total", total)
+    w.metadata.architecture = "GoldenSample"
+    w.metadata.num_layers = 2
+    w.metadata.vocab_size = vocab
+    w.metadata.hidden_size = HIDDEN
+    w.metadata.max_context = 64
+    w.metadata.eos_token_ids = (2, 3)
+    w.metadata.bos_token_id = 1
+    w.metadata.layers = (LayerCacheInfo(0, KV_HEADS, D, D, 0), LayerCacheInfo(1, KV_HEADS, D, D, 8))
+    w.metadata.tokenizer = "byte"
+    w.metadata.extra = {"license": "test", "seed": str(seed)}
+    return w
+
+
+def _jsonable(v):
+    if isinstance(v, Operand):
+        return {"kind": v.kind, "index": v.index, "number": v.number}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def expected_records(w: GraphWriter) -> dict:
+    """What the writer was handed, as JSON-ready data (the golden's independent record)."""
+    from mlxgraph.schema.dtypes import dtype_info
+
+    return {
+        "format_version": format_version(),
+        "producer": w.producer,
+        "symbols": [[n, lo, hi, slot] for n, lo, hi, slot in w.symbols],
+        "values": list(w.values),
+        "tensors": [[n, None if c is None else dtype_info(c).name, list(s)] for n, c, s in w.tensors],
+        "inputs": dict(w.inputs),
+        "outputs": dict(w.outputs),
+        "constants": [{"tensor": slot, "hash": digest, "values": np.asarray(d, np.float64).ravel().tolist()}
+                      for slot, d, digest in w.constants],
+        "nodes": [{"op": n.op, "fields": {k: _jsonable(v) for k, v in n.fields.items()},
+                   "provenance": [n.provenance.source, n.provenance.module_path, n.provenance.target]}
+                  for n in w.nodes],
+        "metadata": {"architecture": w.metadata.architecture, "num_layers": w.metadata.num_layers,
+                     "vocab_size": w.metadata.vocab_size, "hidden_size": w.metadata.hidden_size,
+                     "max_context": w.metadata.max_context, "eos_token_ids": list(w.metadata.eos_token_ids),
+                     "bos_token_id": w.metadata.bos_token_id, "tokenizer": w.metadata.tokenizer,
+                     "layers": [list(lc.__dict__.values()) for lc in w.metadata.layers],
+                     "extra": dict(w.metadata.extra)},
+    }
+
+
+def _json_lines(doc: dict) -> str:
+    """JSON with one line per top-level key or list entry (reviewable, diffable)."""
+    lines = []
+    for k, v in doc.items():
+        if isinstance(v, list) and v:
+            body = "[\n" + ",\n".join("  " + json.dumps(x) for x in v) + "\n ]"
+        else:
+            body = json.dumps(v)
+        lines.append(f" {json.dumps(k)}: {body}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def main(argv) -> int:
+    """Write tests/golden/format-<version>.{mlxg,json}; refuses to overwrite without --force."""
+    mlxg = GOLDEN / f"format-{format_version()}.mlxg"
+    record = GOLDEN / f"format-{format_version()}.json"
+    if mlxg.exists() and "--force" not in argv:
+        print(f"{mlxg} exists: a released golden file must not change (--force to overwrite)", file=sys.stderr)
+        return 1
+    GOLDEN.mkdir(exist_ok=True)
+    w = build_sample()
+    info = w.write(mlxg)
+    record.write_text(_json_lines(expected_records(w)))
+    print(f"wrote {mlxg} ({info['bytes']} bytes) and {record}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,168 @@
+"""The schema evolution gate: the schema stays compatible with every released one, and the
+golden files written by each released version still open, verify and decode as recorded.
+
+`flatc --conform` checks table layouts (removed, moved or retyped fields); it does not
+notice a removed enum value or union member, so the schema model (schema/spec.py) checks
+those, and each field's slot role, too.
+"""
+
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlxgraph.schema import spec
+from mlxgraph.schema.format import format_version
+from mlxgraph.schema.reader import open_graph
+from mlxgraph.schema.records import Operand
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = ROOT / "schema" / "mlxgraph.fbs"
+HISTORY = sorted((ROOT / "schema" / "history").glob("*.fbs"))
+GOLDEN = sorted((ROOT / "tests" / "golden").glob("format-*.mlxg"))
+FLATC = shutil.which("flatc", path=str(Path(sys.executable).parent)) or shutil.which("flatc")
+needs_flatc = pytest.mark.skipif(FLATC is None, reason="flatc is not installed")
+
+
+def conform(base: Path, new: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([FLATC, "--conform", str(base), str(new)], capture_output=True, text=True, timeout=60)
+
+
+def parse(path: Path):
+    return spec._Parser(path.read_text()).parse()
+
+
+def incompatibilities(old, new) -> list:
+    """What ``new`` breaks of ``old`` beyond flatc's view: enum values, union members, roles."""
+    problems = []
+    for name, t in old.types.items():
+        cur = new.types.get(name)
+        if cur is None or cur.kind != t.kind:
+            problems.append(f"{t.kind} {name} removed or changed kind")
+            continue
+        for member, code in t.values.items():
+            if cur.values.get(member) != code:
+                problems.append(f"{name}.{member} (= {code}) removed or renumbered")
+        current_fields = {f.name: f for f in cur.fields}
+        for f in t.fields:
+            g = current_fields.get(f.name)
+            if g is None:
+                problems.append(f"{name}.{f.name} removed")
+            elif (f.role, f.type, f.is_vector, f.default) != (g.role, g.type, g.is_vector, g.default):
+                problems.append(f"{name}.{f.name} changed role, type or default")
+            elif "required" in g.attributes and "required" not in f.attributes:
+                problems.append(f"{name}.{f.name} became required")
+    return problems
+
+
+def test_history_holds_the_current_format_version():
+    names = [p.stem for p in HISTORY]
+    assert "1.0" in names and format_version() in names, names
+
+
+@needs_flatc
+@pytest.mark.parametrize("released", HISTORY, ids=[p.name for p in HISTORY])
+def test_schema_conforms_to_released(released):
+    r = conform(released, SCHEMA)
+    assert r.returncode == 0, r.stderr or r.stdout
+    assert incompatibilities(parse(released), parse(SCHEMA)) == []
+
+
+@needs_flatc
+@pytest.mark.parametrize("edit", ["remove_field", "retype_field", "reorder_union"])
+def test_gate_fails_on_incompatible_edit(tmp_path, edit):
+    text = SCHEMA.read_text()
+    edits = {
+        "remove_field": (r"\n\s*scale: float = null;", ""),
+        "retype_field": (r"scale: float = null;", "scale: int = null;"),
+        "reorder_union": (r"NegNode, ExpNode,", "ExpNode, NegNode,"),
+    }
+    pattern, repl = edits[edit]
+    broken, n = re.subn(pattern, repl, text, count=1)
+    assert n == 1, f"the schema no longer has what the {edit} edit changes"
+    path = tmp_path / "mlxgraph.fbs"
+    path.write_text(broken)
+    assert conform(HISTORY[-1], path).returncode != 0
+
+
+def test_model_check_catches_what_flatc_misses(tmp_path):
+    """Dropping the last union member or enum value passes flatc --conform; not this gate."""
+    text = SCHEMA.read_text()
+    last = list(parse(SCHEMA).types["OpNode"].values)[-1]
+    dropped, n = re.subn(rf"(union OpNode \{{[^}}]*?),?\s*{last},?\s*\}}", r"\1 }", text)
+    assert n == 1
+    path = tmp_path / "mlxgraph.fbs"
+    path.write_text(dropped)
+    assert any(last in p for p in incompatibilities(parse(SCHEMA), parse(path)))
+    if FLATC is not None:
+        assert conform(SCHEMA, path).returncode == 0    # flatc alone would let it through
+    roles = tmp_path / "roles.fbs"
+    roles.write_text(text.replace("q: int = null (in);", "q: int = null (out);", 1))
+    assert incompatibilities(parse(SCHEMA), parse(roles)) == ["UpdateAndAttendNode.q changed role, type or default"]
+
+
+# ---------------------------------------------------------------- golden files
+def _same(expected, got) -> bool:
+    if isinstance(expected, dict):        # an Operand
+        return isinstance(got, Operand) and (got.kind, got.index, got.number) == (
+            expected["kind"], expected["index"], expected["number"])
+    if isinstance(expected, list):
+        return len(expected) == len(got) and all(_same(e, g) for e, g in zip(expected, got, strict=True))
+    if isinstance(expected, float):       # float attributes may be stored as float32
+        return math.isclose(expected, got, rel_tol=1e-6)
+    return expected == got
+
+
+def _record(golden: Path) -> dict:
+    """The golden's JSON record (format-X.Y.json next to format-X.Y.mlxg)."""
+    return json.loads(golden.with_name(golden.name[:-len(".mlxg")] + ".json").read_text())
+
+
+def test_golden_files_exist():
+    assert f"format-{format_version()}.mlxg" in [p.name for p in GOLDEN]
+
+
+@pytest.mark.parametrize("golden", GOLDEN, ids=[p.name for p in GOLDEN])
+def test_golden_file_opens_verifies_and_decodes(golden):
+    want = _record(golden)
+    g = open_graph(golden, deep=True)
+    assert "{}.{}".format(*g.version) == want["format_version"] == golden.stem[len("format-"):]
+    assert g.producer == want["producer"]
+    assert [[s.name, s.min, s.max, s.value] for s in g.symbols] == want["symbols"]
+    assert g.values == want["values"]
+    assert [[t.name, t.dtype, list(t.shape)] for t in g.tensors] == want["tensors"]
+    assert (g.inputs, g.outputs) == (want["inputs"], want["outputs"])
+    assert len(g.constants) == len(want["constants"])
+    for i, (c, w) in enumerate(zip(g.constants, want["constants"], strict=True)):
+        assert (c.tensor, c.hash) == (w["tensor"], w["hash"])
+        assert np.array_equal(g.constant_array(i).astype(np.float64).ravel(), w["values"])
+    assert len(g.nodes) == len(want["nodes"])
+    for i, (n, w) in enumerate(zip(g.nodes, want["nodes"], strict=True)):
+        assert n.op == w["op"], i
+        for name, value in w["fields"].items():
+            assert _same(value, n.fields[name]), (i, name, value, n.fields[name])
+        if n.op == "UpdateAndAttendNode" and "out_dtype" not in w["fields"]:
+            assert n.fields["out_dtype"] is None, i      # null: q's dtype
+        assert [n.provenance.source, n.provenance.module_path, n.provenance.target] == w["provenance"]
+    m, wm = g.metadata, want["metadata"]
+    assert [[lc.layer_id, lc.kv_heads, lc.head_dim, lc.v_head_dim, lc.sliding_window] for lc in m.layers] == wm["layers"]
+    assert (m.architecture, m.num_layers, m.vocab_size, m.hidden_size, m.max_context, list(m.eos_token_ids),
+            m.bos_token_id, m.tokenizer, m.extra) == (
+        wm["architecture"], wm["num_layers"], wm["vocab_size"], wm["hidden_size"], wm["max_context"],
+        wm["eos_token_ids"], wm["bos_token_id"], wm["tokenizer"], wm["extra"])
+
+
+@pytest.mark.parametrize("golden", GOLDEN, ids=[p.name for p in GOLDEN])
+def test_golden_file_loads_and_runs(golden):
+    import mlxgraph
+
+    program = mlxgraph.load(golden)
+    out = program.session(capacity=16).step(np.array([[1, 2, 3]]), [0, 1, 2])
+    logits = np.array(out["logits"] if isinstance(out, dict) else out)
+    assert logits.shape == (1, 3, _record(golden)["metadata"]["vocab_size"]) and np.isfinite(logits).all()

@@ -1,0 +1,150 @@
+"""`mlxgraph compare A B --prompt-ids 1,2,3`: run both graphs, name the first node that diverges.
+
+Exit 0 when every aligned node stays within its tolerance at every step, 1 when one does
+not, 2 on bad usage, an unreadable file or a graph that fails to run.
+"""
+
+from mlxgraph.tools.align import Flow, align
+from mlxgraph.tools.node_text import short_name
+from mlxgraph.tools.numeric import RTOL
+from mlxgraph.tools.output import ToolError, fail, fmt_num, json_header, open_checked, print_json
+
+
+def add_arguments(parser) -> None:
+    """Declare compare's arguments."""
+    parser.add_argument("a", metavar="A.mlxg", help="the reference graph file")
+    parser.add_argument("b", metavar="B.mlxg", help="the graph file measured against it")
+    parser.add_argument("--prompt-ids", required=True, help="prompt token ids, comma separated (e.g. 1,2,3)")
+    parser.add_argument("--steps", type=int, default=4, help="greedy decode steps after the prefill (default 4)")
+    parser.add_argument("--rtol", type=float, default=None,
+                        help="relative tolerance for floating outputs (default: by dtype, see tools/JSON.md)")
+    parser.add_argument("--top", type=int, default=10, help="how many of the worst nodes to list (default 10)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON (tools/JSON.md)")
+
+
+def parse_ids(text: str) -> list:
+    """'1, 2,3' -> [1, 2, 3].
+
+    Raises:
+        ToolError: not a non-empty list of non-negative integers.
+    """
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise ToolError(f"--prompt-ids: expected comma-separated integers, got {text!r}") from None
+    if not ids or min(ids) < 0:
+        raise ToolError(f"--prompt-ids: expected at least one non-negative integer, got {text!r}")
+    return ids
+
+
+def _check_vocab(graph, path, ids) -> None:
+    vocab = graph.metadata.vocab_size
+    bad = [t for t in ids if vocab and t >= vocab]
+    if bad:
+        raise ToolError(f"{path}: token id(s) {bad} outside the vocabulary of {vocab}")
+
+
+def run(args) -> int:
+    """Compare two graph files numerically; returns 0 (no divergence), 1 (diverged) or 2."""
+    import mlxgraph
+    from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
+    from mlxgraph.schema.errors import GraphFormatError
+    from mlxgraph.tools.compare_run import precision, run_compare
+
+    try:
+        ids = parse_ids(args.prompt_ids)
+        if args.steps < 0:
+            raise ToolError(f"--steps must be >= 0, got {args.steps}")
+        ga, gb = open_checked(args.a), open_checked(args.b)
+        for g, p in ((ga, args.a), (gb, args.b)):
+            _check_vocab(g, p, ids)
+        pa, pb = mlxgraph.load(args.a), mlxgraph.load(args.b)
+    except ToolError as e:
+        return fail(f"compare: {e}")
+    except GraphFormatError as e:
+        return fail(f"compare: {e}")
+    fa, fb = Flow(ga), Flow(gb)
+    pairs = align(fa, fb)
+    try:
+        result = run_compare(pa, pb, pairs, ids, args.steps, rtol=args.rtol,
+                             precision_a=precision(fa), precision_b=precision(fb))
+    except (GraphRuntimeError, SessionError, GraphFormatError) as e:
+        return fail(f"compare: {e}")
+    doc = report(ga, gb, pairs, result, ids, args)
+    if args.json:
+        print_json({**json_header({"a": ga, "b": gb}), **doc})
+    else:
+        print_text(doc, args.top)
+    return 1 if doc["diverged"] else 0
+
+
+def _node(ga, s) -> dict:
+    rec = ga.nodes[s.a]
+    p = rec.provenance
+    return {
+        "a": s.a, "b": s.b, "op": short_name(rec.op), "dtype_a": s.dtype_a, "dtype_b": s.dtype_b,
+        "max_abs": s.max_abs, "max_rel": s.max_rel, "tolerance": s.tol, "worst_step": s.worst_step,
+        "first_step_exceeded": s.first_step, "note": s.note,
+        "provenance": {"module_path": p.module_path, "source": p.source, "target": p.target},
+    }
+
+
+def report(ga, gb, pairs, result, ids, args) -> dict:
+    """The JSON-ready report of a comparison (tools/JSON.md)."""
+    nodes = [_node(ga, result["nodes"][a]) for a in sorted(result["nodes"])]
+    first = None
+    if result["first"] is not None:
+        step, a = result["first"]
+        first = dict(_node(ga, result["nodes"][a]), step=step)
+    return {
+        "files": {"a": str(args.a), "b": str(args.b)},
+        "prompt_ids": ids, "steps": args.steps,
+        "tokens": {"a": result["tokens"], "b": result["tokens_b"]},
+        "tolerance": {"rtol": args.rtol, "by_dtype": dict(RTOL), "integers": 0.0},
+        "aligned": len(nodes),
+        "unmatched": {"a": [a for a, b in pairs if b is None], "b": [b for a, b in pairs if a is None]},
+        "diverged": first is not None,
+        "first_divergent": first,
+        "nodes": nodes,
+    }
+
+
+def _row(n) -> str:
+    p = n["provenance"]
+    prov = " ".join(x for x in (p["module_path"], p["source"], p["target"]) if x)
+    dt = n["dtype_a"] if n["dtype_a"] == n["dtype_b"] else f"{n['dtype_a']}/{n['dtype_b']}"
+    note = f"  ({n['note']})" if n["note"] else ""
+    return (f"  a{n['a']:<5} b{n['b']:<5} {n['op']:<16} {dt or '-':<16} {fmt_num(n['max_abs']):>10} "
+            f"{fmt_num(n['max_rel']):>10} {fmt_num(n['tolerance']):>8} {n['worst_step']!s:>4}  {prov}{note}")
+
+
+def print_text(doc, top: int) -> None:
+    """Print the comparison for a person."""
+    print(f"A: {doc['files']['a']}\nB: {doc['files']['b']}")
+    un = doc["unmatched"]
+    print(f"aligned {doc['aligned']} nodes; {len(un['a'])} only in A, {len(un['b'])} only in B (not compared)")
+    print(f"prompt {len(doc['prompt_ids'])} tokens, then {doc['steps']} greedy decode steps (step 0 is the prefill)")
+    agree = "agree" if doc["tokens"]["a"] == doc["tokens"]["b"] else "DISAGREE"
+    print(f"greedy tokens: A {doc['tokens']['a']}  B {doc['tokens']['b']}  ({agree}; both are fed A's)")
+    tol = doc["tolerance"]
+    if tol["rtol"] is not None:
+        print(f"tolerance: max rel {tol['rtol']:g} for floating outputs (--rtol), integers exact")
+    else:
+        print("tolerance: max rel " + ", ".join(f"{k} {v:g}" for k, v in tol["by_dtype"].items())
+              + " (the less precise side's), integers exact")
+    f = doc["first_divergent"]
+    if f is None:
+        print("no divergence: every aligned node is within tolerance at every step")
+    else:
+        p = f["provenance"]
+        print(f"FIRST DIVERGENT NODE: a{f['a']} (b{f['b']}) {f['op']} at step {f['step']}: "
+              f"max abs {fmt_num(f['max_abs'])}, max rel {fmt_num(f['max_rel'])} > {fmt_num(f['tolerance'])} "
+              f"({f['dtype_a']} vs {f['dtype_b']})")
+        print(f"  provenance: module {p['module_path'] or '-'}, source {p['source'] or '-'}, target {p['target'] or '-'}")
+    worst = sorted(doc["nodes"], key=lambda n: -(n["max_rel"] / n["tolerance"] if n["tolerance"] else
+                                                  (float("inf") if n["max_abs"] else 0.0)))[:max(top, 0)]
+    if worst:
+        print(f"worst nodes (max over steps, relative to their tolerance):\n"
+              f"  {'a':<6} {'b':<6} {'op':<16} {'dtype':<16} {'max abs':>10} {'max rel':>10} {'tol':>8} {'step':>4}  provenance")
+        for n in worst:
+            print(_row(n))

@@ -1,0 +1,79 @@
+"""`mlxgraph export MODEL -o OUT.mlxg`: a Hugging Face model folder or built-in name to a graph file.
+
+Progress lines go to stderr as each long step starts; the summary (or, with --json, one
+JSON object) goes to stdout. Exit 0 on success, 2 for bad usage (unknown model, bad
+option), 1 when the model cannot be exported (unsupported ops, all listed).
+"""
+
+import json
+import os
+import sys
+import time
+
+from mlxgraph.schema.format import format_version
+
+
+def add_arguments(parser) -> None:
+    """Declare the command's arguments."""
+    parser.add_argument("model", help="a Hugging Face model folder (config.json + safetensors) or a "
+                        "built-in name: tiny-llama, tiny-qwen2, tiny-mistral, tiny-gemma3, tiny-phi3")
+    parser.add_argument("-o", "--output", required=True, help="the .mlxg file to write")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                        help="compute and weight dtype of the graph (default float32)")
+    parser.add_argument("--max-seq-len", type=int, default=2048,
+                        help="the most tokens one step may carry, and the recorded max context (default 2048)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _summary(stats: dict) -> str:
+    top = list(stats["ops"].items())[:8]
+    ops = ", ".join(f"{k} {v}" for k, v in top)
+    more = len(stats["ops"]) - len(top)
+    lines = [
+        f"wrote {stats['path']} ({_human(stats['file_bytes'])}) in {stats['seconds']:.1f} s",
+        f"  model      {stats['model']} ({stats['parameters']:,} parameters, {stats['dtype']})",
+        f"  nodes      {stats['nodes']}: {ops}" + (f", +{more} more op kinds" if more > 0 else ""),
+        f"  constants  {stats['constants']} ({_human(stats['constant_bytes'])})",
+        f"  max T      {stats['max_seq_len']}",
+    ]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    """Export; returns the exit code."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model name is never a download
+    from mlxgraph.exporter import ExportError, UnsupportedOpsError, export
+
+    started = time.perf_counter()
+
+    def progress(step: str) -> None:
+        if not args.json:
+            print(f"[{time.perf_counter() - started:6.1f}s] {step}...", file=sys.stderr, flush=True)
+
+    if args.max_seq_len < 2:
+        print(f"mlxgraph export: --max-seq-len must be at least 2, got {args.max_seq_len}", file=sys.stderr)
+        return 2
+    try:
+        stats = export(args.model, args.output, dtype=args.dtype, max_seq_len=args.max_seq_len, progress=progress)
+    except ExportError as e:
+        print(f"mlxgraph export: {e}", file=sys.stderr)
+        return 2
+    except UnsupportedOpsError as e:
+        print(f"mlxgraph export: {args.model}: cannot export: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"mlxgraph export: {args.output}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"format_version": format_version(), **stats}, indent=2))
+    else:
+        print(_summary(stats))
+    return 0

@@ -1,0 +1,129 @@
+"""The generation loop: chunked prefill, then a pipelined decode, timed.
+
+Prefill runs the prompt except its last token in chunks, evaluating only the KV cache
+between chunks (so the unused logits of those positions are never computed, and memory
+stays bounded by the chunk); the last prompt token is the first "real" step, whose logits
+give the first generated token.
+
+Decode pipelines: step t+1's graph is built from the still-lazy token of step t and
+handed to ``mx.async_eval`` before the host waits for token t, so graph building on the
+host overlaps the evaluation of the previous step.
+
+Imports mlx: import this only after the BLAS preload (see mlxgraph.interpreter.blas).
+"""
+
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+
+@dataclass
+class GenerationStats:
+    """Timings and counts of one generation (filled in as it runs)."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_seconds: float = 0.0   # start .. first generated token known on the host
+    decode_seconds: float = 0.0    # first .. last generated token known on the host
+    stop_reason: str = ""          # 'eos' | 'max_tokens'
+
+    @property
+    def prefill_tps(self) -> float:
+        """Prompt tokens per second (prompt processing plus the first token)."""
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        """Generated tokens per second after the first one."""
+        n = self.generated_tokens - 1
+        return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else 0.0
+
+
+def cache_arrays(session) -> list:
+    """The arrays holding a session's KV cache, to evaluate between prefill chunks."""
+    state = getattr(session, "cache_state", None)
+    if callable(state):
+        return list(state())
+    arrays = []
+    for store in session.stores.values():
+        arrays.extend(getattr(store, "state", ()))
+    return arrays
+
+
+def _step(session, tokens, sampler):
+    """One lazy step: feed ``tokens`` ([1, T]) and sample from the last position's logits."""
+    start = session.length
+    logits = session.step(tokens, range(start, start + tokens.shape[1]))
+    return sampler(logits[:, -1, :])
+
+
+def prefill(session, prompt_ids, chunk: int) -> None:
+    """Feed all but the last prompt token, ``chunk`` tokens per evaluated step."""
+    body = prompt_ids[:-1]
+    for i in range(0, len(body), chunk):
+        piece = mx.array([body[i:i + chunk]], dtype=mx.int32)
+        logits = session.step(piece, range(session.length, session.length + piece.shape[1]))
+        arrays = cache_arrays(session)
+        mx.eval(arrays if arrays else logits)
+
+
+def generate(session, prompt_ids, sampler, max_tokens: int, stop_ids=(), prefill_chunk: int = 512,
+             stats: GenerationStats | None = None):
+    """Yield generated token ids (ints) one by one.
+
+    Args:
+        session: a fresh (or continued) Session; the prompt starts at ``session.length``.
+        prompt_ids: the prompt's token ids (at least one).
+        sampler: ``[1, vocab] logits -> [1] token`` (lazy), e.g. tools.sampling.Sampler.
+        max_tokens: the most tokens to generate (>= 1).
+        stop_ids: token ids that end generation (yielded, then the loop stops).
+        prefill_chunk: prompt tokens per prefill step.
+        stats: a GenerationStats to fill in (times, counts, stop reason).
+    Raises:
+        ValueError: an empty prompt or max_tokens < 1; the session's own errors
+            (SessionError, CacheError, GraphRuntimeError) pass through.
+    On return the session holds the prompt and every generated token except the last.
+    """
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    stats = stats if stats is not None else GenerationStats()
+    stats.prompt_tokens, stats.generated_tokens = len(prompt_ids), 0
+    stop = frozenset(int(s) for s in stop_ids)
+    fed_ahead = False
+    t0 = time.perf_counter()
+    prefill(session, list(prompt_ids), max(1, int(prefill_chunk)))
+    y = _step(session, mx.array([prompt_ids[-1:]], dtype=mx.int32), sampler)
+    mx.async_eval(y)
+    t_first = None
+    try:
+        for n in range(1, max_tokens + 1):
+            fed_ahead = False
+            if n < max_tokens:
+                # Queue step n+1 on the lazy token n before waiting for token n.
+                next_y = _step(session, y.reshape(1, 1), sampler)
+                mx.async_eval(next_y)
+                fed_ahead = True
+            token = int(y.item())
+            now = time.perf_counter()
+            if t_first is None:
+                t_first = now
+                stats.prefill_seconds = now - t0
+            stats.decode_seconds = now - t_first
+            stats.generated_tokens = n
+            yield token
+            if token in stop:
+                stats.stop_reason = "eos"
+                return
+            if n < max_tokens:
+                y = next_y
+        stats.stop_reason = "max_tokens"
+    finally:
+        if fed_ahead:
+            # The step fed after the final token is not part of the history.
+            session.trim(1)
+
+
+__all__ = ["GenerationStats", "cache_arrays", "generate", "prefill"]

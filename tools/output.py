@@ -1,0 +1,116 @@
+"""Shared plumbing of the tools: opening graph files, errors, JSON and number printing."""
+
+import json
+import math
+import sys
+
+from mlxgraph.schema.errors import GraphFormatError
+from mlxgraph.schema.format import format_version
+
+# Version of the JSON documents the tools print (tools/JSON.md); bumped when a key changes
+# meaning or disappears. Adding keys does not bump it.
+JSON_VERSION = 1
+
+
+class ToolError(Exception):
+    """A failure the command reports in one line and exits 2 on (bad usage, unreadable file)."""
+
+
+def open_checked(path):
+    """Open, verify and fully decode a graph file for the tools.
+
+    Everything the tools read (slots, constants, metadata, nodes) is decoded here, so a
+    corrupt file fails now, with its name, rather than halfway through a report.
+
+    Args:
+        path: the .mlxg file.
+    Returns:
+        the GraphFile.
+    Raises:
+        ToolError: the file cannot be read or is not a valid graph file.
+    """
+    from mlxgraph.schema.reader import open_graph
+
+    try:
+        try:
+            graph = open_graph(path)
+        except ModuleNotFoundError as e:
+            # The verifier module is optional at this layer: without it, read unverified
+            # and let the decoding below catch what it can.
+            if e.name != "mlxgraph.schema.verifier":
+                raise
+            graph = open_graph(path, verify=False)
+        for part in ("symbols", "tensors", "values", "inputs", "outputs", "constants", "metadata", "nodes"):
+            getattr(graph, part)
+    except GraphFormatError as e:
+        raise ToolError(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - a corrupt buffer can fail in many ways
+        raise ToolError(f"{path}: not a readable graph file ({type(e).__name__}: {e})") from None
+    return graph
+
+
+def version_string(graph) -> str:
+    """The file's format version as 'major.minor'."""
+    major, minor = graph.version
+    return f"{major}.{minor}"
+
+
+def json_header(graphs: dict) -> dict:
+    """The keys every --json document starts with.
+
+    Args:
+        graphs: {'file': g} for one file, {'a': ga, 'b': gb} for two.
+    Returns:
+        {'format_version': ..., 'json_version': ..., 'tool_format_version': ...}; with one file
+        format_version is the file's 'major.minor', with two it is {'a': ..., 'b': ...}.
+    """
+    versions = {k: version_string(g) for k, g in graphs.items()}
+    fv = versions["file"] if list(versions) == ["file"] else versions
+    return {"format_version": fv, "json_version": JSON_VERSION, "tool_format_version": format_version()}
+
+
+def _jsonable(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def print_json(doc: dict, out=None) -> None:
+    """Print a JSON document (non-finite floats as null / "inf" / "-inf", which JSON lacks)."""
+    out = out or sys.stdout
+    json.dump(_jsonable(doc), out, indent=1, sort_keys=False)
+    out.write("\n")
+
+
+def fail(message: str) -> int:
+    """Print ``mlxgraph: message`` to stderr; returns exit code 2."""
+    print(f"mlxgraph: {message}", file=sys.stderr)
+    return 2
+
+
+def human_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def fmt_num(x) -> str:
+    """A float in a short, stable form (4 significant digits)."""
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isnan(x):
+        return "nan"
+    return f"{x:.4g}"
+
+
+def shape_str(shape) -> str:
+    """A slot shape as '[1, T, 768]' (None = dynamic as '?')."""
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
