@@ -39,4 +39,6 @@ lint: $(STAMP)
 
 bench: $(BENCH_STAMP)
 	$(PY) benchmarks/cache_bench.py
+	$(PY) benchmarks/tools_bench.py
+	$(PY) benchmarks/export_bench.py
 	$(PY) benchmarks/generate_bench.py

@@ -100,7 +100,7 @@ def prepare(size: str, workdir: Path, log) -> tuple[Path, Path, dict, float]:
 
 def run_engine(engine: str, model: Path, prompt: list, new_tokens: int, runs: int, log) -> dict:
     """One engine in its own process; returns its result document."""
-    log(f"  {engine} ...")
+    log(f"  [{model.name}] {engine} ...")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     out = _run([sys.executable, str(ENGINES / ENGINE_SCRIPTS[engine]), "--model", str(model),
                 "--prompt-ids", ",".join(map(str, prompt)), "--new-tokens", str(new_tokens),
@@ -117,13 +117,32 @@ def agreement(a: list, b: list) -> str:
     return f"differ from token {i}"
 
 
-def bench_size(size, workdir, prompt_len, new_tokens, runs, bandwidth, log) -> dict:
+def _merge(old, new) -> dict:
+    """Combine two result documents of one engine: best figures, all runs' medians, token agreement."""
+    if old is None:
+        new["decode_tps_medians"] = [new["decode_tps_median"]]
+        return new
+    out = dict(old)
+    for key in ("prefill_tps", "decode_tps"):
+        out[key] = max(old[key], new[key])
+    out["decode_tps_medians"] = old["decode_tps_medians"] + [new["decode_tps_median"]]
+    out["decode_tps_median"] = sorted(out["decode_tps_medians"])[len(out["decode_tps_medians"]) // 2]
+    out["runs_agree"] = old["runs_agree"] and new["runs_agree"] and old["tokens"] == new["tokens"]
+    out["peak_rss_bytes"] = max(old["peak_rss_bytes"], new["peak_rss_bytes"])
+    return out
+
+
+def bench_size(size, workdir, prompt_len, new_tokens, runs, rounds, bandwidth, log) -> dict:
     """Build, export and run the three engines for one size; returns its report."""
     folder, graph, cfg, export_s = prepare(size, workdir, log)
     prompt = [random.Random(1234).randrange(3, cfg["vocab_size"]) for _ in range(prompt_len)]
     results = {}
-    for engine in ENGINE_ORDER:
-        results[engine] = run_engine(engine, graph if engine == "mlxgraph" else folder, prompt, new_tokens, runs, log)
+    # Engines take turns, round after round, so that a busy spell on the shared machine
+    # does not fall on one engine only; each engine's best run over all rounds counts.
+    for _ in range(rounds):
+        for engine in ENGINE_ORDER:
+            r = run_engine(engine, graph if engine == "mlxgraph" else folder, prompt, new_tokens, runs, log)
+            results[engine] = _merge(results.get(engine), r)
     per_token = bytes_per_token(cfg, prompt_len + new_tokens / 2)
     bound = bandwidth["bound"] / per_token
     for r in results.values():
@@ -137,6 +156,7 @@ def bench_size(size, workdir, prompt_len, new_tokens, runs, bandwidth, log) -> d
                           "decode": ours["decode_tps"] / results[peer]["decode_tps"]}
                    for peer in ENGINE_ORDER[1:]},
         "greedy_tokens": {peer: agreement(ours["tokens"], results[peer]["tokens"]) for peer in ENGINE_ORDER[1:]},
+        "runs_agree": all(r["runs_agree"] for r in results.values()),
     }
 
 
@@ -144,9 +164,11 @@ def print_report(doc: dict) -> None:
     """The human-readable table."""
     bw = doc["bandwidth"]
     print(f"\ngenerate bench: float32, prompt {doc['prompt_tokens']}, {doc['new_tokens']} new tokens, greedy, "
-          f"EOS ignored; best of {doc['runs']} runs after a warm-up, each engine in its own process")
+          f"EOS ignored; each engine in its own process, {doc['rounds']} rounds taking turns x {doc['runs']} runs "
+          f"after a warm-up: best run (median in brackets)")
     print(f"memory bandwidth: copy {bw['copy'] / 1e9:.1f} GB/s, read {bw['read'] / 1e9:.1f} GB/s "
-          f"(bound uses {bw['bound'] / 1e9:.1f} GB/s)")
+          f"(bound uses {bw['bound'] / 1e9:.1f} GB/s); {doc['cpus']} CPUs, load average "
+          f"{doc['load_average'][0]:.1f} at the start, {doc['load_average'][1]:.1f} at the end")
     for rep in doc["sizes"]:
         c = rep["config"]
         print(f"\n{rep['size']}: {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, heads "
@@ -169,7 +191,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="tiny,small", help="comma-separated: " + ",".join(SIZES))
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--runs", type=int, default=3, help="measured runs per engine (best is reported)")
+    ap.add_argument("--runs", type=int, default=2, help="measured runs per engine process")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="engine processes per engine, taking turns (the best run of all is reported)")
     ap.add_argument("--workdir", default=str(ROOT / "out" / "bench"))
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     args = ap.parse_args(argv)
@@ -184,11 +208,14 @@ def main(argv=None) -> int:
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
+    load_before = os.getloadavg()[0]
     log("measuring memory bandwidth ...")
     bandwidth = measure_bandwidth()
-    reports = [bench_size(s, workdir, args.prompt_tokens, args.new_tokens, args.runs, bandwidth, log) for s in sizes]
+    reports = [bench_size(s, workdir, args.prompt_tokens, args.new_tokens, args.runs, args.rounds, bandwidth, log)
+               for s in sizes]
     doc = {"format_version": 1, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-           "runs": args.runs, "bandwidth": bandwidth, "sizes": reports}
+           "runs": args.runs, "rounds": args.rounds, "bandwidth": bandwidth, "cpus": os.cpu_count(),
+           "load_average": [load_before, os.getloadavg()[0]], "sizes": reports}
     if args.json:
         json.dump(doc, sys.stdout, indent=1)
         print()

@@ -5,6 +5,12 @@ is the entry point (see DESIGN section 5). Needs torch and transformers (the ``e
 extra); never imports the interpreter.
 """
 
-from mlxgraph.exporter.pipeline import ExportError, UnsupportedOpsError, export
+from mlxgraph.exporter.pipeline import (
+    AdapterError,
+    ExportError,
+    TraceError,
+    UnsupportedOpsError,
+    export,
+)
 
-__all__ = ["export", "ExportError", "UnsupportedOpsError"]
+__all__ = ["export", "ExportError", "AdapterError", "TraceError", "UnsupportedOpsError"]

@@ -51,7 +51,10 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         raise AdapterError(f"{type(module).__name__}: attention logit softcapping is not supported")
     if attention_mask is not None:
         raise AdapterError(f"{type(module).__name__}: an explicit attention mask is not supported")
-    layer_id = int(module.layer_idx)
+    layer_id = getattr(module, "layer_idx", None)
+    if layer_id is None:
+        raise AdapterError(f"{type(module).__name__} has no layer_idx to key its cache by")
+    layer_id = int(layer_id)
     window = int(kwargs.get("sliding_window") or 0)
     scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
     info = LayerCacheInfo(layer_id, int(key.shape[1]), int(key.shape[-1]), int(value.shape[-1]), window)

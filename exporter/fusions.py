@@ -223,7 +223,7 @@ def eliminate_common_subexpressions(graph) -> int:
     for n in list(graph.nodes):
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
             continue
-        if n.target.namespace != "aten" or not n.users:
+        if n.target.namespace != "aten" or not n.users or torch.Tag.nondeterministic_seeded in n.target.tags:
             continue
         try:
             key = (n.target, _freeze(n.args), _freeze(n.kwargs))

@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from torch.export.graph_signature import InputKind
 
+from mlxgraph.exporter.diagnostics import Problem, UnsupportedOpsError, module_path, source_location
 from mlxgraph.exporter.fusions import run_fusions
 from mlxgraph.exporter.lowerings import LoweringError, lowerings
 from mlxgraph.exporter.symbolic_exprs import SymbolTable
-from mlxgraph.schema.records import NodeRecord, Operand, Provenance
-from mlxgraph.schema.spec import op_codes, op_specs
+from mlxgraph.schema.records import Operand, Provenance
 
 TORCH_DTYPES = {
     torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
@@ -41,31 +41,6 @@ class _Poison:
 POISON = _Poison()
 
 
-@dataclass(frozen=True)
-class Problem:
-    """One op the export cannot lower, and where it comes from."""
-
-    target: str
-    node: str
-    location: str
-    reason: str
-
-    def __str__(self) -> str:
-        why = f" ({self.reason})" if self.reason else ""
-        return f"{self.target}{why} at {self.location} [fx node {self.node}]"
-
-
-class UnsupportedOpsError(Exception):
-    """The model uses ops the exporter cannot lower; ``problems`` lists all of them."""
-
-    def __init__(self, problems):
-        self.problems = list(problems)
-        targets = sorted({p.target for p in self.problems})
-        lines = [f"{len(targets)} unsupported op(s): {', '.join(targets)}"]
-        lines += [f"  - {p}" for p in self.problems]
-        super().__init__("\n".join(lines))
-
-
 def torch_dtype_name(dtype) -> str:
     """The graph format's name of a torch dtype.
 
@@ -78,33 +53,12 @@ def torch_dtype_name(dtype) -> str:
         raise LoweringError(f"dtype {dtype} has no graph dtype") from None
 
 
-def source_location(node) -> str:
-    """Where a node comes from: the innermost user frame of its stack trace, and its module."""
-    trace = node.meta.get("stack_trace") or ""
-    frames = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")]
-    # Skip torch's own frames: the useful one is the model code that called the op.
-    user = [f for f in frames if "/torch/" not in f]
-    where = (user or frames or ["<unknown source>"])[-1]
-    module = module_path(node)
-    return f"{where} (module {module})" if module else where
-
-
-def module_path(node, strip_prefix="model.") -> str:
-    """The node's innermost nn.Module path, without the adapter's own attribute prefix."""
-    stack = node.meta.get("nn_module_stack") or {}
-    paths = [v[0] for v in stack.values() if isinstance(v, tuple) and v and isinstance(v[0], str)]
-    paths = [p for p in paths if p and not p.startswith("_")]
-    if not paths:
-        return ""
-    path = paths[-1]
-    return path[len(strip_prefix):] if path.startswith(strip_prefix) else path
-
-
 class LoweringContext:
     """What a lowering sees: the node being lowered, slots of its inputs, and the writer."""
 
-    def __init__(self, writer, symbols: SymbolTable):
+    def __init__(self, writer, symbols: SymbolTable, strip_prefix: str = ""):
         self.writer = writer
+        self.strip_prefix = strip_prefix
         self.symbols = symbols
         self.env = {}
         self.node = None
@@ -165,7 +119,7 @@ class LoweringContext:
         n = self.node
         if n is None:
             return Provenance()
-        return Provenance(n.name, module_path(n), _target_name(n.target))
+        return Provenance(n.name, module_path(n, self.strip_prefix), _target_name(n.target))
 
     def new_tensor(self, val=None, name=None) -> int:
         """Declare the output slot of the current node (dtype and shape from its traced value)."""
@@ -180,17 +134,7 @@ class LoweringContext:
         Raises:
             KeyError: unknown op or field.
         """
-        if "op" not in fields:
-            return self.writer.add_node(op_name, self.provenance(), **fields)
-        # GraphWriter.add_node's own first parameter is named `op`, so a table with a
-        # field `op` (SymArithNode) cannot go through it by keyword: check and append here.
-        spec = op_specs()[op_codes()[op_name]]
-        unknown = set(fields) - {f.name for f in spec.table.fields}
-        if unknown:
-            raise KeyError(f"{spec.name} has no field(s) {sorted(unknown)}")
-        record = NodeRecord(spec.name, dict(fields), self.provenance())
-        self.writer.nodes.append(record)
-        return record
+        return self.writer.add_node(op_name, self.provenance(), **fields)
 
     def emit_out(self, op_name: str, val=None, name=None, **fields) -> Slot:
         """Declare an output slot, emit ``op`` writing it into field ``out``; returns the Slot."""
@@ -237,7 +181,7 @@ def lower_program(ep, writer, input_names: dict | None = None, output_names=("lo
     fusions = run_fusions(ep) if fuse else {}
     table = lowerings()
     symbols = SymbolTable(writer, ep.range_constraints)
-    ctx = LoweringContext(writer, symbols)
+    ctx = LoweringContext(writer, symbols, strip_prefix)
     sig = {s.arg.name: s for s in ep.graph_signature.input_specs}
     problems = []
     user_inputs = [n for n in ep.graph.nodes if n.op == "placeholder" and sig[n.name].kind == InputKind.USER_INPUT]
@@ -269,12 +213,12 @@ def lower_program(ep, writer, input_names: dict | None = None, output_names=("lo
             outs = n.args[0]
             if len(outs) != len(output_names):
                 raise ValueError(f"the program has {len(outs)} outputs, expected {len(output_names)}")
-            for name, arg in zip(output_names, outs):
+            for name, arg in zip(output_names, outs, strict=True):
                 v = ctx.lookup(arg)
                 if isinstance(v, Slot):
                     writer.add_output(name, v.index)
         else:
-            problems.append(Problem(f"fx op {n.op}", n.name, source_location(n), "not supported"))
+            problems.append(Problem(f"fx op {n.op}", n.name, source_location(n, strip_prefix), "not supported"))
             ctx.env[n] = POISON
     if problems:
         raise UnsupportedOpsError(problems)
@@ -290,14 +234,14 @@ def _inputs_poisoned(ctx, n) -> bool:
 def _lower_node(ctx, table, n, problems):
     fn = table.get(n.target)
     if fn is None:
-        problems.append(Problem(_target_name(n.target), n.name, source_location(n), "no lowering"))
+        problems.append(Problem(_target_name(n.target), n.name, source_location(n, ctx.strip_prefix), "no lowering"))
         return POISON
     if _inputs_poisoned(ctx, n):
         return POISON  # a consequence of an earlier problem, already reported
     try:
         return fn(ctx, n)
     except LoweringError as e:
-        problems.append(Problem(_target_name(n.target), n.name, source_location(n), str(e)))
+        problems.append(Problem(_target_name(n.target), n.name, source_location(n, ctx.strip_prefix), str(e)))
         return POISON
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from mlxgraph.exporter.adapter import DecoderAdapter
+from mlxgraph.exporter.adapter import AdapterError, DecoderAdapter
 from mlxgraph.exporter.builtins import BUILTINS, builtin_model
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
 from mlxgraph.schema.records import ModelInfo
@@ -25,7 +25,11 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"
 
 
 class ExportError(Exception):
-    """The export cannot proceed (unknown model, bad option, a model it cannot adapt)."""
+    """The export cannot start: unknown model, unreadable folder, bad option."""
+
+
+class TraceError(Exception):
+    """torch.export could not trace the adapted model (e.g. data-dependent control flow)."""
 
 
 def _no_progress(_message: str) -> None:
@@ -95,9 +99,24 @@ def trace(adapter, max_seq_len: int):
     tokens = torch.zeros((1, example_t), dtype=INPUT_DTYPE)
     positions = torch.arange(example_t, dtype=INPUT_DTYPE)
     seq = torch.export.Dim("T", min=1, max=max_seq_len)
-    with torch.no_grad():
-        return torch.export.export(adapter, (tokens, positions),
-                                   dynamic_shapes={"tokens": {1: seq}, "positions": {0: seq}})
+    try:
+        with torch.no_grad():
+            return torch.export.export(adapter, (tokens, positions),
+                                       dynamic_shapes={"tokens": {1: seq}, "positions": {0: seq}})
+    except AdapterError:
+        raise
+    except Exception as e:
+        # torch's messages run to pages; the first lines name the problem.
+        head = "\n".join(str(e).strip().splitlines()[:6])
+        raise TraceError(f"torch.export failed: {type(e).__name__}: {head}") from e
+
+
+def decompose(ep):
+    """``ep.run_decompositions()`` (to core ATen), without torch's noise about its own API."""
+    with warnings.catch_warnings():
+        # torch's own pytree code warns about its own deprecated API while decomposing.
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        return ep.run_decompositions()
 
 
 def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, progress=None) -> dict:
@@ -106,7 +125,7 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
     Args:
         model: a Hugging Face model folder (config.json + safetensors), a built-in name
             (tiny-llama, tiny-qwen2, tiny-mistral, tiny-gemma3, tiny-phi3), or a
-            ``*ForCausalLM`` module.
+            ``*ForCausalLM`` module (converted to ``dtype`` and eval mode in place).
         out_path: the .mlxg file to write.
         dtype: float32, float16 or bfloat16: the graph's compute and weight dtype.
         max_seq_len: the largest step (tokens per call) and the recorded max context.
@@ -116,6 +135,8 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
         timings per step, path.
     Raises:
         ExportError: unknown model or option.
+        AdapterError: the model's attention asks for something the graph op cannot do.
+        TraceError: torch.export failed on the model.
         UnsupportedOpsError: ops without a lowering (all listed, with their sources).
     """
     progress = progress or _no_progress
@@ -143,10 +164,7 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
     if not adapter.layer_infos():
         raise ExportError(f"{source['source']}: no attention layer called the mlxgraph attention "
                           "implementation (the model does not use transformers' AttentionInterface)")
-    with warnings.catch_warnings():
-        # torch's own pytree code warns about its own deprecated API while decomposing.
-        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-        ep = step("decompositions", ep.run_decompositions)
+    ep = step("decompositions", lambda: decompose(ep))
     writer = GraphWriter(producer=f"mlxgraph exporter (torch {torch.__version__})")
     lowered = step("lowering", lambda: lower_program(ep, writer, output_names=("logits",)))
     writer.metadata = model_info(m, adapter, source, int(max_seq_len), dtype)
@@ -161,4 +179,4 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
     }
 
 
-__all__ = ["export", "ExportError", "UnsupportedOpsError", "load_model", "trace", "DTYPES", "INPUT_DTYPE"]
+__all__ = ["export", "ExportError", "TraceError", "AdapterError", "UnsupportedOpsError", "load_model", "trace", "decompose", "DTYPES", "INPUT_DTYPE"]

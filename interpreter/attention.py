@@ -7,6 +7,7 @@ groups the ``Hq / Hkv`` query heads that share each one, so K/V are never repeat
 from __future__ import annotations
 
 import mlx.core as mx
+
 from mlxgraph.interpreter.cache_layout import Mask
 
 

@@ -38,8 +38,10 @@ def write_slots(buf: mx.array, seq: mx.array, first_pos: int, modulus: int) -> m
     # drops `buf` at commit, only the graph references it and MLX donates its memory
     # to the update: the write costs O(n), not O(A).
     out = mx.array(buf)
-    out[:, :, start : start + first, :] = seq[:, :, :first, :]
-    if first < n:
+    if first == n:  # the common case: no wrap, no extra slicing of seq
+        out[:, :, start : start + n, :] = seq
+    else:
+        out[:, :, start:, :] = seq[:, :, :first, :]
         out[:, :, : n - first, :] = seq[:, :, first:, :]
     return out
 

@@ -19,6 +19,7 @@ and the ring rebuilt from the result, so it is slower but still exact.
 from __future__ import annotations
 
 import mlx.core as mx
+
 from mlxgraph.interpreter.cache_layout import (
     Mask,
     grown,
@@ -100,10 +101,15 @@ class KVStore:
             self.begin(k.shape[2])
         elif k.shape[2] != self._pending:
             raise self._error(f"begin({self._pending}) but update() got T={k.shape[2]} tokens")
-        dtype = self._dtype if self._dtype is not None else k.dtype
-        keys, values, mask, self._staged = self._stage(k.astype(dtype), v.astype(dtype), dtype)
-        if dtype != k.dtype:
-            keys, values = keys.astype(k.dtype), values.astype(k.dtype)
+        compute = k.dtype
+        dtype = self._dtype if self._dtype is not None else compute
+        if k.dtype != dtype:
+            k = k.astype(dtype)
+        if v.dtype != dtype:
+            v = v.astype(dtype)
+        keys, values, mask, self._staged = self._stage(k, v, dtype)
+        if dtype != compute:
+            keys, values = keys.astype(compute), values.astype(compute)
         return keys, values, mask
 
     def commit(self) -> None:

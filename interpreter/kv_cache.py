@@ -7,6 +7,7 @@ flat and ring stores, ``cache_layout`` for the slot buffers and masks.
 from __future__ import annotations
 
 import mlx.core as mx
+
 from mlxgraph.interpreter.cache_store import FlatStore, KVStore, RingStore
 from mlxgraph.interpreter.cache_types import CacheError, CachePolicy, LayerGeometry
 

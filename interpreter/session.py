@@ -148,13 +148,15 @@ class Session:
         tensors = [None] * self.program.tensor_count
         values = [None] * self.program.value_count
         self._bind_inputs({"tokens": tokens, "positions": positions}, tensors, values)
-        for store in self.stores.values():
-            store.begin(n_new)
-        ctx = StepContext(self.stores, self._length, n_new)
+        begun = []
         try:
-            self._run(tensors, values, ctx, observer)
-        except Exception:
+            # Every store checks the step fits before any of them is written.
             for store in self.stores.values():
+                store.begin(n_new)
+                begun.append(store)
+            self._run(tensors, values, StepContext(self.stores, self._length, n_new), observer)
+        except Exception:
+            for store in begun:
                 store.rollback()
             raise
         for store in self.stores.values():

@@ -220,6 +220,15 @@ def _layout(schema: Schema) -> None:
             spec.align = align
 
 
+def parse_schema(text: str) -> Schema:
+    """Parse schema text (the subset of the FlatBuffers IDL mlxgraph.fbs uses).
+
+    Raises:
+        ValueError: the text uses IDL this parser does not cover.
+    """
+    return _Parser(text).parse()
+
+
 @cache
 def load_schema() -> Schema:
     """Parse the packaged mlxgraph.fbs (cached).
@@ -227,7 +236,7 @@ def load_schema() -> Schema:
     Raises:
         ValueError: the schema uses IDL this parser does not cover.
     """
-    return _Parser(SCHEMA_PATH.read_text()).parse()
+    return parse_schema(SCHEMA_PATH.read_text())
 
 
 @dataclass(frozen=True)

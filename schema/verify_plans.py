@@ -12,16 +12,6 @@ from functools import cache
 
 from mlxgraph.schema.spec import SCALAR_SIZES, load_schema
 
-# Fields that may be absent although they default to `null` (FlatBuffers' way to mark a
-# scalar as required, schema rule 5). Beyond these, a field marked (optional) or
-# (nullable) in the schema may be absent.
-NULLABLE = {
-    ("UpdateAndAttendNode", "out_dtype"),  # null: q's dtype (schema comment)
-    ("TensorSlot", "dtype"),               # null: unknown (GraphWriter.add_tensor)
-    ("Symbol", "max"),                     # null: unbounded (GraphWriter.add_symbol)
-    ("ClampNode", "min"),                  # torch.clamp takes min or max alone
-    ("ClampNode", "max"),
-}
 # How an unknown code of these enums or unions is named in messages.
 CODE_NAMES = {"DType": "dtype", "OpNode": "op"}
 
@@ -119,7 +109,7 @@ def table_plans() -> dict:
 
 def _field_plan(schema, plans, structs, table, f) -> FieldPlan:
     attrs = f.attributes
-    nullable = "optional" in attrs or "nullable" in attrs or (table, f.name) in NULLABLE
+    nullable = "optional" in attrs or "nullable" in attrs
     # A deprecated field is no longer written, so it can never be required.
     required = "deprecated" not in attrs and ("required" in attrs or (f.default == "null" and not nullable))
     ftype = schema.types.get(f.type)

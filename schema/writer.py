@@ -107,7 +107,7 @@ class GraphWriter:
         """Name a tensor slot as a graph output."""
         self.outputs.append((name, slot))
 
-    def add_node(self, op: str, provenance: Provenance | None = None, **fields) -> NodeRecord:
+    def add_node(self, op: str, /, provenance: Provenance | None = None, **fields) -> NodeRecord:
         """Append a node to the main chain.
 
         Args:

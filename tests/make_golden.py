@@ -78,8 +78,7 @@ def build_sample(seed: int = 0, vocab: int = VOCAB) -> GraphWriter:
     n_val = w.add_value("n")
     w.add_node("SymSize", x=tok, axis=1, out=n_val)
     m_val = w.add_value("m")
-    # GraphWriter.add_node's own `op` parameter hides SymArithNode.op: set it on the record.
-    w.add_node("SymArith", a=Operand.value(n_val), b=Operand.literal(2), out=m_val).fields["op"] = 2  # mul
+    w.add_node("SymArith", op=2, a=Operand.value(n_val), b=Operand.literal(2), out=m_val)  # 2 = mul
     first = t("first", (1, None, HIDDEN))
     w.add_node("Slice", x=scaled, out=first, axis=1, start=Operand.literal(0), end=Operand.value(m_val), step=1)
     mask = t("mask", (1, "T", HIDDEN), "bool")

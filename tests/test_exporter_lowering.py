@@ -9,6 +9,7 @@ from torch import nn
 
 import mlxgraph
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
+from mlxgraph.exporter.pipeline import decompose
 from mlxgraph.schema.reader import open_graph
 from mlxgraph.schema.writer import GraphWriter
 
@@ -19,7 +20,7 @@ def _export(module, max_t=16):
     seq = torch.export.Dim("T", min=1, max=max_t)
     args = (torch.zeros(1, 3, dtype=torch.int32), torch.arange(3, dtype=torch.int32))
     ep = torch.export.export(module, args, dynamic_shapes={"tokens": {1: seq}, "positions": {0: seq}})
-    return ep.run_decompositions()
+    return decompose(ep)
 
 
 def _lower(module, path, max_t=16):

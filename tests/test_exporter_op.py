@@ -43,7 +43,7 @@ def test_eager_reference_matches_naive_attention_over_chunks(window):
         pos = torch.arange(start, end, dtype=torch.int32).reshape(-1, 1)
         before = (q.clone(), k.clone(), v.clone())
         out = op(q, k, v, pos, 5, 0.3, None)
-        assert all(torch.equal(a, b) for a, b in zip(before, (q, k, v)))  # functional
+        assert all(torch.equal(a, b) for a, b in zip(before, (q, k, v), strict=True))  # functional
         ks.append(k)
         vs.append(v)
         kpos += list(range(start, end))

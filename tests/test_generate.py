@@ -13,9 +13,10 @@ import sys
 import textwrap
 
 import mlx.core as mx
-import mlxgraph
 import numpy as np
 import pytest
+
+import mlxgraph
 from mlxgraph.tools.generation import GenerationStats, generate
 from mlxgraph.tools.sampling import Sampler, top_k_mask, top_p_mask
 from mlxgraph.tools.synthetic import llama
@@ -213,6 +214,14 @@ def test_cli_json_stops_at_eos(tmp_path, oracle):
     assert stats["blas"]["name"]
     proc = _cli(graph, "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens", 12, "--json", "--ignore-eos")
     assert json.loads(proc.stdout)["token_ids"] == want[:12]
+
+
+def test_cli_stops_when_the_cache_is_full(synthetic, oracle):
+    _, want = oracle
+    # capacity 8, prompt 6: tokens 1..2 are fed back, token 3 need not be
+    proc = _cli(synthetic, "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens", 12, "--capacity", 8, "--json")
+    doc = json.loads(proc.stdout)
+    assert doc["token_ids"] == want[:3] and doc["stop_reason"] == "capacity"
 
 
 def test_cli_streams_text_and_stats(synthetic, oracle):

@@ -9,7 +9,10 @@ attention output is compared with dense attention over the true history.
 
 Tolerance (float32 compute vs float64 oracle): |out - ref| <= ATOL + RTOL * |ref|. With
 float16/bfloat16 storage the oracle's history is rounded to the storage dtype, so the
-same tolerance applies. The module prints a summary line with the figures.
+same tolerance applies. The module prints a summary line with the figures; measured:
+default run 96 schedules, 6,406 committed steps, 11,991 attention outputs compared,
+3,761 rejected calls checked (~4 s of schedules, the file ~5-10 s on 2 cores);
+``-m slow`` 180 schedules, 44,703 steps, 85,916 outputs, 18,221 rejections (~75 s).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from dense_reference import History, dense_attention
+
 from mlxgraph.interpreter import cache_store
 from mlxgraph.interpreter.attention import attend
 from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, LayerGeometry, make_store
@@ -59,13 +63,16 @@ class Layer:
         self.oldest = 0  # contract: a store keeps at least the last `slots` positions written
 
     def fits(self, t: int) -> bool:
+        """Whether a step of t tokens must be accepted (only flat stores have a capacity)."""
         return self.ring or self.hist.length + t <= self.p.capacity
 
     def max_rewind(self) -> int:
+        """How far trim must be able to rewind: the rewound position still needs its window."""
         n = self.hist.length
         return n if self.oldest == 0 else n - (self.oldest + self.window - 1)
 
     def reset(self) -> None:
+        """Reset the store and the oracle together."""
         self.store.reset()
         self.hist.trim(self.hist.length)
         self.oldest = 0
@@ -77,6 +84,7 @@ def rounded(x: np.ndarray, dtype) -> np.ndarray:
 
 
 def random_layer(rng, kind: str, layer_id: int, batch: int, kv_dtype, scale: int = 1) -> Layer:
+    """A random geometry (GQA 1/2/4/8, Dv != D sometimes) and a policy of the given kind."""
     hkv = int(rng.choice([1, 2, 4]))
     group = int(rng.choice([1, 2, 4, 8]))
     d = int(rng.choice([8, 16]))
@@ -139,6 +147,7 @@ def run_step(rng, layers: list[Layer], t: int, rollback: bool) -> None:
 
 
 def run_trim(rng, layers: list[Layer]) -> None:
+    """Trim every layer, or check that the ones that cannot rewind refuse and stay put."""
     n = int(rng.integers(0, 4)) if rng.random() < 0.8 else int(rng.integers(0, layers[0].hist.length + 3))
     for la in layers:
         assert la.store.max_trim == la.max_rewind()
@@ -156,6 +165,7 @@ def run_trim(rng, layers: list[Layer]) -> None:
 
 
 def run_bad_input(rng, layers: list[Layer]) -> None:
+    """A wrongly shaped update is refused and leaves no step open."""
     la = layers[int(rng.integers(len(layers)))]
     g = la.g
     k = mx.zeros((la.hist.keys.shape[0], g.kv_heads + 1, 1, g.head_dim))
@@ -206,6 +216,7 @@ FAMILIES = {
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_random_schedules_match_dense_oracle(family, monkeypatch):
+    """16 schedules x 120 operations per family, every output against the oracle."""
     # Small first allocation so dynamic stores grow (by doubling) inside short schedules.
     monkeypatch.setattr(cache_store, "_FIRST_ALLOC", 4)
     kinds, kv_dtype = FAMILIES[family]
@@ -218,6 +229,7 @@ def test_random_schedules_match_dense_oracle(family, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_random_schedules_match_dense_oracle_long(family):
+    """30 schedules x 400 operations, larger capacities and windows, default first allocation."""
     kinds, kv_dtype = FAMILIES[family]
     start = time.perf_counter()
     for seed in range(30):
@@ -229,10 +241,12 @@ def test_random_schedules_match_dense_oracle_long(family):
 
 
 def geom(kv=2, d=8, dv=8, window=0, layer=0):
+    """A small layer geometry."""
     return LayerGeometry(layer, kv, d, dv, window)
 
 
 def kv(t, g=None, batch=1, seed=0):
+    """Random float32 k, v for t tokens of geometry g."""
     g = g or geom()
     r = np.random.default_rng(seed)
     return (mx.array(r.standard_normal((batch, g.kv_heads, t, g.head_dim)).astype(np.float32)),
@@ -247,6 +261,7 @@ def step(store, t, seed=0):
 
 
 def kind(mask):
+    """None, "causal", or the shape of an explicit mask."""
     return mask if mask is None or isinstance(mask, str) else tuple(mask.shape)
 
 

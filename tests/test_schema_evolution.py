@@ -35,7 +35,7 @@ def conform(base: Path, new: Path) -> subprocess.CompletedProcess:
 
 
 def parse(path: Path):
-    return spec._Parser(path.read_text()).parse()
+    return spec.parse_schema(path.read_text())
 
 
 def incompatibilities(old, new) -> list:

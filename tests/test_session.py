@@ -47,7 +47,7 @@ def test_steps_match_dense_oracle(tiny):
 def test_sliding_window_override_matches_windowed_oracle(tiny):
     path, wts = tiny
     session = mlxgraph.load(path).session(capacity=64, windows={0: 4}, max_step=3)
-    run_schedule(session, TinyOracle(wts, window=4), np.random.default_rng(2), 30)
+    run_schedule(session, TinyOracle(wts, windows=(4,)), np.random.default_rng(2), 30)
 
 
 def test_two_sessions_interleaved_equal_each_alone(tiny):
@@ -144,3 +144,19 @@ def test_interpreter_runs_without_torch(tiny):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "ok"
+
+
+def test_mixed_policies_reject_overflow_and_stay_usable(tmp_path):
+    # Layer 0 is a ring (window 3), layer 1 flat: the ring accepts a step the flat layer
+    # refuses, and must not be left half-open by the rejection.
+    path = tmp_path / "mixed.mlxg"
+    wts = build_tiny_graph(path, windows=(3, 0))
+    session = mlxgraph.load(path).session(capacity=12, max_step=2)
+    oracle = TinyOracle(wts, windows=(3, 0))
+    rng = np.random.default_rng(6)
+    run_schedule(session, oracle, rng, 4)
+    with pytest.raises(CacheError):
+        session.step(mx.zeros((1, 13 - session.length), dtype=mx.int32), range(session.length, 13))
+    for _ in range(3):
+        toks = rng.integers(0, VOCAB, 1)
+        assert close(session.step(mx.array(toks[None].astype(np.int32)), [session.length]), oracle.step(toks))

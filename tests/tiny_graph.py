@@ -13,13 +13,14 @@ from mlxgraph.schema.writer import GraphWriter
 VOCAB, HIDDEN, HQ, HKV, D = 32, 16, 4, 2, 8
 
 
-def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, window=0):
+def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,)):
     """Write the tiny graph to ``path``; returns its weights (for the oracle).
 
     Args:
         fail_unless_t: if set, a reshape AFTER the attention node only works for this T,
             so other step sizes fail mid-step (tests that a failed step changes nothing).
-        window: sliding window recorded in the metadata (0 = full attention).
+        windows: one attention layer per entry, each with this sliding window in the
+            metadata (0 = full attention); the layers share q/k/v and their outputs are summed.
     """
     rng = np.random.default_rng(seed)
     wts = {
@@ -52,9 +53,16 @@ def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, window=0):
         tr = t(f"{name}_heads", (1, h, "T", D))
         w.add_node("Permute", x=r, out=tr, perm=[0, 2, 1, 3])
         heads[name] = tr
-    att = t("attn", (1, HQ, "T", D))
-    w.add_node("UpdateAndAttend", p("attn", "model.attn"), q=heads["q"], k=heads["k"], v=heads["v"],
-               position=pos, out=att, layer_id=0, scale=float(D) ** -0.5)
+    att = None
+    for layer in range(len(windows)):
+        one = t(f"attn{layer}", (1, HQ, "T", D))
+        w.add_node("UpdateAndAttend", p("attn", f"model.attn{layer}"), q=heads["q"], k=heads["k"], v=heads["v"],
+                   position=pos, out=one, layer_id=layer, scale=float(D) ** -0.5)
+        if att is not None:
+            total = t(f"attn_sum{layer}", (1, HQ, "T", D))
+            w.add_node("Add", a=Operand.tensor(att), b=Operand.tensor(one), out=total)
+            one = total
+        att = one
     back = t("attn_t", (1, "T", HQ, D))
     w.add_node("Permute", x=att, out=back, perm=[0, 2, 1, 3])
     flat = t("attn_flat", (1, "T", HQ * D))
@@ -64,10 +72,10 @@ def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, window=0):
     w.add_node("Linear", p("lm_head", "lm_head"), x=flat, weight=c["wo"], out=logits)
     w.add_output("logits", logits)
     w.metadata.architecture = "TinyAttention"
-    w.metadata.num_layers = 1
+    w.metadata.num_layers = len(windows)
     w.metadata.vocab_size = VOCAB
     w.metadata.max_context = max_t
-    w.metadata.layers = (LayerCacheInfo(0, HKV, D, D, window),)
+    w.metadata.layers = tuple(LayerCacheInfo(i, HKV, D, D, win) for i, win in enumerate(windows))
     w.write(path)
     return wts
 
@@ -75,9 +83,9 @@ def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, window=0):
 class TinyOracle:
     """Dense float64 reference of the tiny graph with the full history kept."""
 
-    def __init__(self, wts, window=0):
+    def __init__(self, wts, windows=(0,)):
         self.w = {k: v.astype(np.float64) for k, v in wts.items()}
-        self.window = window
+        self.windows = windows
         self.keys = np.zeros((HKV, 0, D))
         self.values = np.zeros((HKV, 0, D))
 
@@ -93,17 +101,18 @@ class TinyOracle:
         n, s = len(tokens), self.keys.shape[1]
         qpos = start + np.arange(n)[:, None]
         kpos = np.arange(s)[None, :]
-        allowed = kpos <= qpos
-        if self.window:
-            allowed &= kpos > qpos - self.window
         out = np.zeros((HQ, n, D))
-        for h in range(HQ):
-            kv = h // (HQ // HKV)
-            scores = q[h] @ self.keys[kv].T * D ** -0.5
-            scores = np.where(allowed, scores, -np.inf)
-            p = np.exp(scores - scores.max(-1, keepdims=True))
-            p /= p.sum(-1, keepdims=True)
-            out[h] = p @ self.values[kv]
+        for window in self.windows:
+            allowed = kpos <= qpos
+            if window:
+                allowed &= kpos > qpos - window
+            for h in range(HQ):
+                kv = h // (HQ // HKV)
+                scores = q[h] @ self.keys[kv].T * D ** -0.5
+                scores = np.where(allowed, scores, -np.inf)
+                p = np.exp(scores - scores.max(-1, keepdims=True))
+                p /= p.sum(-1, keepdims=True)
+                out[h] += p @ self.values[kv]
         return out.transpose(1, 0, 2).reshape(n, HQ * D) @ self.w["wo"].T
 
     def trim(self, n):

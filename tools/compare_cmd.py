@@ -141,10 +141,12 @@ def print_text(doc, top: int) -> None:
               f"max abs {fmt_num(f['max_abs'])}, max rel {fmt_num(f['max_rel'])} > {fmt_num(f['tolerance'])} "
               f"({f['dtype_a']} vs {f['dtype_b']})")
         print(f"  provenance: module {p['module_path'] or '-'}, source {p['source'] or '-'}, target {p['target'] or '-'}")
-    worst = sorted(doc["nodes"], key=lambda n: -(n["max_rel"] / n["tolerance"] if n["tolerance"] else
-                                                  (float("inf") if n["max_abs"] else 0.0)))[:max(top, 0)]
-    if worst:
-        print(f"worst nodes (max over steps, relative to their tolerance):\n"
-              f"  {'a':<6} {'b':<6} {'op':<16} {'dtype':<16} {'max abs':>10} {'max rel':>10} {'tol':>8} {'step':>4}  provenance")
-        for n in worst:
-            print(_row(n))
+    differing = [n for n in doc["nodes"] if n["max_abs"] > 0]
+    if not differing:
+        print("every aligned output is bitwise equal")
+        return
+    worst = sorted(differing, key=lambda n: -(n["max_rel"] / n["tolerance"] if n["tolerance"] else float("inf")))
+    print(f"{len(differing)} aligned nodes differ; the worst (max over steps, relative to their tolerance):\n"
+          f"  {'a':<6} {'b':<6} {'op':<16} {'dtype':<16} {'max abs':>10} {'max rel':>10} {'tol':>8} {'step':>4}  provenance")
+    for n in worst[:max(top, 0)]:
+        print(_row(n))

@@ -50,7 +50,11 @@ def _summary(stats: dict) -> str:
 def run(args) -> int:
     """Export; returns the exit code."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model name is never a download
-    from mlxgraph.exporter import ExportError, UnsupportedOpsError, export
+    from transformers.utils import logging as hf_logging
+
+    from mlxgraph.exporter import AdapterError, ExportError, TraceError, UnsupportedOpsError, export
+
+    hf_logging.disable_progress_bar()  # our own progress lines say the same, once
 
     started = time.perf_counter()
 
@@ -66,7 +70,7 @@ def run(args) -> int:
     except ExportError as e:
         print(f"mlxgraph export: {e}", file=sys.stderr)
         return 2
-    except UnsupportedOpsError as e:
+    except (UnsupportedOpsError, AdapterError, TraceError) as e:
         print(f"mlxgraph export: {args.model}: cannot export: {e}", file=sys.stderr)
         return 1
     except OSError as e:

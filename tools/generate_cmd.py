@@ -139,6 +139,7 @@ def _prepare(args):
 
 def _run(args, blas) -> int:
     import mlx.core as mx
+
     from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
     from mlxgraph.interpreter.kv_cache import CacheError
     from mlxgraph.tools.generation import GenerationStats, generate

@@ -32,14 +32,7 @@ def open_checked(path):
     from mlxgraph.schema.reader import open_graph
 
     try:
-        try:
-            graph = open_graph(path)
-        except ModuleNotFoundError as e:
-            # The verifier module is optional at this layer: without it, read unverified
-            # and let the decoding below catch what it can.
-            if e.name != "mlxgraph.schema.verifier":
-                raise
-            graph = open_graph(path, verify=False)
+        graph = open_graph(path)
         for part in ("symbols", "tensors", "values", "inputs", "outputs", "constants", "metadata", "nodes"):
             getattr(graph, part)
     except GraphFormatError as e:

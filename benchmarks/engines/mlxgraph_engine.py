@@ -18,6 +18,7 @@ def main() -> int:
 
     blas = preload_blas()
     import mlx.core as mx
+
     import mlxgraph
     from mlxgraph.tools.generation import generate
     from mlxgraph.tools.sampling import Sampler

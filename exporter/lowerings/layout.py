@@ -35,7 +35,7 @@ def to_copy(ctx, node):
 def _same_shape(ctx, a, b) -> bool:
     sa, sb = ctx.shape(a), ctx.shape(b)
     return len(sa) == len(sb) and all(
-        (x == y) if isinstance(x, int) and isinstance(y, int) else str(x) == str(y) for x, y in zip(sa, sb))
+        (x == y) if isinstance(x, int) and isinstance(y, int) else str(x) == str(y) for x, y in zip(sa, sb, strict=True))
 
 
 @register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)

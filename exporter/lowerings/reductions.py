@@ -2,8 +2,8 @@
 
 import torch
 
-from mlxgraph.exporter.lowerings import LoweringError, register
 from mlxgraph.exporter.lowering_pass import torch_dtype_name
+from mlxgraph.exporter.lowerings import LoweringError, register
 from mlxgraph.schema.dtypes import dtype_info
 
 aten = torch.ops.aten

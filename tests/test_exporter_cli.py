@@ -1,0 +1,112 @@
+"""`mlxgraph export`, the built-in tiny models, and export errors as users meet them."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_hf_model
+from torch import nn
+
+import mlxgraph
+from mlxgraph.exporter import UnsupportedOpsError, export
+from mlxgraph.exporter.builtins import BUILTINS, BYTE_BOS, BYTE_EOS, builtin_model
+from mlxgraph.schema.reader import open_graph
+from mlxgraph.tools.cli import main
+
+
+def _greedy_hf(model, prompt, n):
+    from transformers import DynamicCache
+
+    cache, out, x, pos = DynamicCache(config=model.config), [], torch.tensor([prompt]), 0
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(x, cache=cache, use_cache=True, position_ids=torch.arange(pos, pos + x.shape[1])[None]).logits
+            pos += x.shape[1]
+            out.append(int(logits[0, -1].argmax()))
+            x = torch.tensor([[out[-1]]])
+    return out
+
+
+def _shortest_period(seq, longest=8):
+    for p in range(1, longest + 1):
+        if all(seq[i] == seq[i + p] for i in range(len(seq) - p)):
+            return p
+    return None
+
+
+@pytest.mark.parametrize("name", list(BUILTINS))
+def test_builtin_greedy_decoding_does_not_fall_into_a_short_loop(name):
+    out = _greedy_hf(builtin_model(name), [BYTE_BOS, *b"Once upon a time"], 64)
+    assert len(set(out)) >= 24, out
+    assert _shortest_period(out[-32:]) is None, out
+
+
+def test_cli_exports_a_builtin_that_generates_like_hf(tmp_path, capsys):
+    path = tmp_path / "tiny.mlxg"
+    assert main(["export", "tiny-llama", "-o", str(path), "--max-seq-len", "32", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["format_version"] and stats["nodes"] > 0 and stats["file_bytes"] == path.stat().st_size
+    assert stats["ops"]["UpdateAndAttend"] == 4
+    meta = open_graph(path).metadata
+    assert (meta.tokenizer, meta.bos_token_id, meta.eos_token_ids, meta.max_context) == ("byte", BYTE_BOS, (BYTE_EOS,), 32)
+    prompt = [BYTE_BOS, *b"Hi there"]
+    want = _greedy_hf(builtin_model("tiny-llama"), prompt, 12)
+    session = mlxgraph.load(path).session()
+    logits = session.step(mx.array(np.array([prompt], np.int32)), range(len(prompt)))
+    got = [int(np.array(logits)[0, -1].argmax())]
+    for _ in range(11):
+        logits = session.step(mx.array(np.array([[got[-1]]], np.int32)), [session.length])
+        got.append(int(np.array(logits)[0, -1].argmax()))
+    assert got == want
+
+
+def test_cli_summary_and_reduced_precision(tmp_path, capsys, tiny_hf_folder):
+    path = tmp_path / "bf16.mlxg"
+    assert main(["export", str(tiny_hf_folder("qwen2")), "-o", str(path), "--dtype", "bfloat16", "--max-seq-len", "16"]) == 0
+    out, err = capsys.readouterr()
+    assert "nodes" in out and "constants" in out and "wrote" in out
+    for step in ("loading", "torch.export", "decompositions", "lowering", "writing"):
+        assert step in err
+    graph = open_graph(path)
+    weights = [graph.tensors[c.tensor] for c in graph.constants if len(graph.tensors[c.tensor].shape) == 2]
+    assert {t.dtype for t in weights} == {"bfloat16"}   # (RoPE's inv_freq stays float32, as in HF)
+    tokens = torch.randint(4, 256, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = tiny_hf_model("qwen2")(tokens).logits[0].numpy()
+    got = mlxgraph.load(path).session().step(mx.array(tokens.numpy().astype(np.int32)), range(9))
+    assert got.dtype == mx.bfloat16
+    got = np.array(got.astype(mx.float32))[0]
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()   # bf16: ~3 significant digits
+
+
+@pytest.mark.parametrize("argv, code, needle", [
+    (["export", "no-such-model", "-o", "{tmp}/x.mlxg"], 2, "unknown model 'no-such-model'"),
+    (["export", "tiny-llama", "-o", "{tmp}/missing/x.mlxg"], 2, "does not exist"),
+    (["export", "tiny-llama", "-o", "{tmp}/x.mlxg", "--max-seq-len", "1"], 2, "at least 2"),
+])
+def test_cli_errors_are_one_clear_message(tmp_path, capsys, argv, code, needle):
+    assert main([a.format(tmp=tmp_path) for a in argv]) == code
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+class CumsumAct(nn.Module):
+    """An activation with an op the exporter has no lowering for."""
+
+    def forward(self, x):
+        return torch.cumsum(x, dim=-1)
+
+
+def test_model_with_an_op_without_lowering_names_the_op_and_its_source(tmp_path):
+    model = tiny_hf_model("llama")
+    for layer in model.model.layers:
+        layer.mlp.act_fn = CumsumAct()
+    with pytest.raises(UnsupportedOpsError) as info:
+        export(model, tmp_path / "bad.mlxg", max_seq_len=16)
+    message = str(info.value)
+    assert message.startswith("1 unsupported op(s): aten.cumsum.default")
+    assert "test_exporter_cli.py" in message and "in forward" in message
+    assert "model.layers.0.mlp.act_fn" in message and "model.layers.1.mlp.act_fn" in message
+    assert not (tmp_path / "bad.mlxg").exists()
