@@ -160,10 +160,11 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
     try:
         ep = step("torch.export", lambda: trace(adapter, int(max_seq_len)))
     finally:
-        m.set_attn_implementation(previous)  # a caller's module is left as it was given
+        if previous is not None:
+            m.set_attn_implementation(previous)  # a caller's module is left as it was given
     if not adapter.layer_infos():
-        raise ExportError(f"{source['source']}: no attention layer called the mlxgraph attention "
-                          "implementation (the model does not use transformers' AttentionInterface)")
+        raise AdapterError(f"{source['source']}: no attention layer called the mlxgraph attention "
+                           "implementation (the model does not use transformers' AttentionInterface)")
     ep = step("decompositions", lambda: decompose(ep))
     writer = GraphWriter(producer=f"mlxgraph exporter (torch {torch.__version__})")
     lowered = step("lowering", lambda: lower_program(ep, writer, output_names=("logits",)))
@@ -179,4 +180,5 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
     }
 
 
-__all__ = ["export", "ExportError", "TraceError", "AdapterError", "UnsupportedOpsError", "load_model", "trace", "decompose", "DTYPES", "INPUT_DTYPE"]
+__all__ = ["export", "ExportError", "TraceError", "AdapterError", "UnsupportedOpsError", "load_model", "trace",
+           "decompose", "DTYPES", "INPUT_DTYPE"]

@@ -16,7 +16,6 @@ from mlxgraph.interpreter.kernels import get_kernel
 from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.reader import open_graph
-from mlxgraph.schema.records import LayerCacheInfo
 from mlxgraph.schema.spec import op_codes, op_specs
 
 # How an input field is read at run time.
@@ -140,7 +139,11 @@ class Program:
 
 
 def _layer_geometry(graph, nodes) -> dict:
-    """Cache geometry per layer_id: from the metadata, else from the K/V slot shapes."""
+    """Cache geometry per layer_id, from the metadata.
+
+    A layer with no metadata entry is an error, not a guess: guessing "full attention"
+    from the K/V shapes would silently run a sliding-window layer wrongly.
+    """
     known = {lc.layer_id: lc for lc in graph.metadata.layers}
     out = {}
     for n in nodes:
@@ -149,14 +152,10 @@ def _layer_geometry(graph, nodes) -> dict:
         lid = n.fixed["layer_id"]
         if lid in out:
             raise GraphFormatError(f"layer_id {lid} is used by two UpdateAndAttend nodes", graph.path, n.index, "layer_id")
-        if lid in known:
-            out[lid] = known[lid]
-            continue
-        k = graph.tensors[n.record.fields["k"]].shape
-        v = graph.tensors[n.record.fields["v"]].shape
-        if len(k) != 4 or len(v) != 4 or not all(isinstance(d, int) for d in (k[1], k[3], v[3])):
-            raise GraphFormatError(f"no cache geometry for layer {lid} (metadata or static K/V shapes)", graph.path, n.index, "layer_id")
-        out[lid] = LayerCacheInfo(lid, k[1], k[3], v[3], 0)
+        if lid not in known:
+            raise GraphFormatError(f"layer_id {lid} has no cache geometry in the metadata (metadata.layers)",
+                                   graph.path, n.index, "layer_id")
+        out[lid] = known[lid]
     return out
 
 

@@ -11,6 +11,7 @@ from tiny_graph import VOCAB, TinyOracle, build_tiny_graph
 import mlxgraph
 from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
 from mlxgraph.interpreter.kv_cache import CacheError
+from mlxgraph.schema.errors import GraphFormatError
 
 TOL = 2e-4  # float32 graph vs float64 oracle, relative to the logits' scale
 
@@ -48,6 +49,13 @@ def test_sliding_window_override_matches_windowed_oracle(tiny):
     path, wts = tiny
     session = mlxgraph.load(path).session(capacity=64, windows={0: 4}, max_step=3)
     run_schedule(session, TinyOracle(wts, windows=(4,)), np.random.default_rng(2), 30)
+
+
+def test_attention_layer_without_cache_geometry_is_rejected(tmp_path):
+    path = tmp_path / "nometa.mlxg"
+    build_tiny_graph(path, record_layers=False)
+    with pytest.raises(GraphFormatError, match=r"node \d+: field layer_id: layer_id 0 has no cache geometry"):
+        mlxgraph.load(path)
 
 
 def test_two_sessions_interleaved_equal_each_alone(tiny):

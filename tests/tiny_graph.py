@@ -13,7 +13,7 @@ from mlxgraph.schema.writer import GraphWriter
 VOCAB, HIDDEN, HQ, HKV, D = 32, 16, 4, 2, 8
 
 
-def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,)):
+def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,), record_layers=True):
     """Write the tiny graph to ``path``; returns its weights (for the oracle).
 
     Args:
@@ -21,6 +21,7 @@ def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,)):
             so other step sizes fail mid-step (tests that a failed step changes nothing).
         windows: one attention layer per entry, each with this sliding window in the
             metadata (0 = full attention); the layers share q/k/v and their outputs are summed.
+        record_layers: write the layers' cache geometry into the metadata.
     """
     rng = np.random.default_rng(seed)
     wts = {
@@ -75,7 +76,8 @@ def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,)):
     w.metadata.num_layers = len(windows)
     w.metadata.vocab_size = VOCAB
     w.metadata.max_context = max_t
-    w.metadata.layers = tuple(LayerCacheInfo(i, HKV, D, D, win) for i, win in enumerate(windows))
+    if record_layers:
+        w.metadata.layers = tuple(LayerCacheInfo(i, HKV, D, D, win) for i, win in enumerate(windows))
     w.write(path)
     return wts
 
