@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 OUT := out
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv demo test test-slow generate lint bench
+.PHONY: venv demo test test-slow generate lint bench blas
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ $(BENCH_STAMP): $(STAMP)
 	touch $(BENCH_STAMP)
 
 venv: $(STAMP)
+
+# Debian's OpenBLAS: MLX's matrix products run ~30x faster with it (README, "Fast BLAS").
+blas:
+	apt-get update -qq && apt-get install -y -qq libopenblas0-pthread
 
 demo: $(STAMP)
 	@mkdir -p $(OUT)

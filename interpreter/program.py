@@ -6,6 +6,7 @@ out of the FlatBuffer and converted, and where its outputs go. A step then does 
 FlatBuffer parsing. A Program is immutable; any number of sessions share it.
 """
 
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from mlxgraph.interpreter.errors import GraphRuntimeError
 from mlxgraph.interpreter.kernels import get_kernel
 from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
 from mlxgraph.schema.errors import GraphFormatError
+from mlxgraph.schema.format import align_up
 from mlxgraph.schema.reader import open_graph
 from mlxgraph.schema.spec import op_codes, op_specs
 
@@ -122,6 +124,7 @@ class Program:
             if a.dtype != want:
                 a = a.view(want)  # bfloat16 is stored as its uint16 bit pattern
             constants[c.tensor] = a
+        _release_mapped_constants(graph)
         nodes = [_resolve(i, r, tensor_dtypes, graph.path) for i, r in enumerate(graph.nodes)]
         layers = _layer_geometry(graph, nodes)
         return cls(graph, constants, nodes, layers)
@@ -136,6 +139,21 @@ class Program:
     def __repr__(self) -> str:
         name = Path(self.path).name if self.path else "<bytes>"
         return f"Program({name}: {len(self.nodes)} nodes, {len(self.layers)} attention layers)"
+
+
+def _release_mapped_constants(graph) -> None:
+    """Drop the mapped constant pages once MLX holds its own copy of the weights.
+
+    mx.array copies from the mapping, so without this the weights stay resident twice
+    (the file's clean pages plus MLX's buffers) until the kernel reclaims the pages.
+    The mapping stays valid: tools that read a constant again fault its pages back in.
+    """
+    data = graph.data
+    if not isinstance(data, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = align_up(graph.root.SegmentOffset() or 0, mmap.PAGESIZE)
+    if start < len(data):
+        data.madvise(mmap.MADV_DONTNEED, start, len(data) - start)
 
 
 def _layer_geometry(graph, nodes) -> dict:

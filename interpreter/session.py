@@ -95,6 +95,11 @@ class Session:
         """Tokens in the cache: the position the next step must start at."""
         return self._length
 
+    def cache_state(self) -> list:
+        """The arrays that hold the KV cache now, e.g. to evaluate after a prefill chunk
+        (``mx.eval(*session.cache_state())``) without computing that chunk's logits."""
+        return [a for store in self.stores.values() for a in store.state]
+
     def reset(self) -> None:
         """Forget all history."""
         self.stores = {}

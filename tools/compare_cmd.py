@@ -17,9 +17,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prompt-ids", required=True, help="prompt token ids, comma separated (e.g. 1,2,3)")
     parser.add_argument("--steps", type=int, default=4, help="greedy decode steps after the prefill (default 4)")
     parser.add_argument("--rtol", type=float, default=None,
-                        help="relative tolerance for floating outputs (default: by dtype, see tools/JSON.md)")
+                        help="relative tolerance for floating outputs (default: by dtype, see docs/json-output.md)")
     parser.add_argument("--top", type=int, default=10, help="how many of the worst nodes to list (default 10)")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON (tools/JSON.md)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON (docs/json-output.md)")
 
 
 def parse_ids(text: str) -> list:
@@ -90,7 +90,7 @@ def _node(ga, s) -> dict:
 
 
 def report(ga, gb, pairs, result, ids, args) -> dict:
-    """The JSON-ready report of a comparison (tools/JSON.md)."""
+    """The JSON-ready report of a comparison (docs/json-output.md)."""
     nodes = [_node(ga, result["nodes"][a]) for a in sorted(result["nodes"])]
     first = None
     if result["first"] is not None:

@@ -16,7 +16,7 @@ def add_arguments(parser) -> None:
     """Declare diff's arguments."""
     parser.add_argument("a", metavar="A.mlxg", help="the reference graph file")
     parser.add_argument("b", metavar="B.mlxg", help="the graph file compared with it")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON (tools/JSON.md)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON (docs/json-output.md)")
     parser.add_argument("--no-stats", action="store_true",
                         help="skip the numeric max abs/rel differences of changed constants")
 

@@ -42,13 +42,7 @@ class GenerationStats:
 
 def cache_arrays(session) -> list:
     """The arrays holding a session's KV cache, to evaluate between prefill chunks."""
-    state = getattr(session, "cache_state", None)
-    if callable(state):
-        return list(state())
-    arrays = []
-    for store in session.stores.values():
-        arrays.extend(getattr(store, "state", ()))
-    return arrays
+    return session.cache_state()
 
 
 def _step(session, tokens, sampler):

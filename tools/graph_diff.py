@@ -206,7 +206,7 @@ def diff_graphs(ga, gb, stats: bool = True) -> dict:
         stats: compute max abs / rel differences of changed same-shaped constants.
     Returns:
         {'same', 'summary', 'metadata', 'inputs', 'outputs', 'nodes', 'constants'}
-        (the keys tools/JSON.md documents).
+        (the keys docs/json-output.md documents).
     """
     d = _Differ(ga, gb)
     nodes = d.nodes()  # pairs constants through their readers first

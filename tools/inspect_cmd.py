@@ -21,7 +21,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("file", metavar="GRAPH.mlxg", help="the graph file")
     parser.add_argument("--nodes", action="store_true", help="also print the node stream, one node per line")
     parser.add_argument("--constants", action="store_true", help="also list the constants")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON (tools/JSON.md)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON (docs/json-output.md)")
 
 
 def run(args) -> int:

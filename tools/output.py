@@ -7,7 +7,7 @@ import sys
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.format import format_version
 
-# Version of the JSON documents the tools print (tools/JSON.md); bumped when a key changes
+# Version of the JSON documents the tools print (docs/json-output.md); bumped when a key changes
 # meaning or disappears. Adding keys does not bump it.
 JSON_VERSION = 1
 

@@ -17,7 +17,7 @@ def add_arguments(parser) -> None:
     """Declare verify's arguments."""
     parser.add_argument("file", metavar="GRAPH.mlxg", help="the graph file")
     parser.add_argument("--deep", action="store_true", help="also hash every constant and compare with its recorded hash")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON (tools/JSON.md)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON (docs/json-output.md)")
 
 
 def _read(path: str):
