@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+
 from mlxgraph.interpreter.kernels import get_kernel
 from mlxgraph.schema.spec import load_schema, op_specs
 

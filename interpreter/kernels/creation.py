@@ -2,6 +2,7 @@
 int64 when every number is an integer, float32 otherwise (bool for a bool fill)."""
 
 import mlx.core as mx
+
 from mlxgraph.interpreter.kernels import register
 from mlxgraph.interpreter.kernels.symbolic import static_int
 

@@ -8,6 +8,7 @@ literal stays weak (a float16 tensor times 2.0 stays float16), as in torch.
 import math
 
 import mlx.core as mx
+
 from mlxgraph.generated.mlxgraph_generated import RoundingMode
 from mlxgraph.interpreter.kernels import register
 

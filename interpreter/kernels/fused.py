@@ -1,6 +1,7 @@
 """Fused kernels: RMS normalization and rotate-half rotary embedding (Hugging Face forms)."""
 
 import mlx.core as mx
+
 from mlxgraph.interpreter.kernels import register
 
 

@@ -6,6 +6,7 @@ or literals. A tensor there would need an evaluation, so it is rejected.
 """
 
 import mlx.core as mx
+
 from mlxgraph.interpreter.kernels import register
 from mlxgraph.interpreter.kernels.symbolic import static_int
 

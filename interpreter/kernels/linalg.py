@@ -1,6 +1,7 @@
 """Matrix-product and lookup kernels: matmul, addmm, linear, embedding, gather."""
 
 import mlx.core as mx
+
 from mlxgraph.interpreter.kernels import register
 
 

@@ -1,6 +1,7 @@
 """Reduction kernels: mean, sum, max (amax), argmax and softmax, with torch semantics."""
 
 import mlx.core as mx
+
 from mlxgraph.interpreter.kernels import register
 
 

@@ -5,6 +5,7 @@ tensor. Division and modulo follow Python (floor) semantics, as torch's symbolic
 """
 
 import mlx.core as mx
+
 from mlxgraph.generated.mlxgraph_generated import SymOp
 from mlxgraph.interpreter.kernels import register
 
