@@ -18,7 +18,7 @@ from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.format import align_up
 from mlxgraph.schema.reader import open_graph
-from mlxgraph.schema.spec import op_codes, op_specs
+from mlxgraph.schema.spec import op_spec
 
 # How an input field is read at run time.
 TENSOR, VALUE, LITERAL, TENSOR_LIST, OPERAND_LIST = range(5)
@@ -32,7 +32,8 @@ class ResolvedNode:
     record: object          # the NodeRecord (for errors, observers, tools)
     fn: object
     needs_context: bool
-    reads: tuple            # (field name, how, where): how in TENSOR..OPERAND_LIST
+    tensor_reads: tuple     # (field name, tensor slot): the common input, read on the fast path
+    reads: tuple            # every other input: (field name, how, where), how in VALUE..OPERAND_LIST
     fixed: dict             # attributes and output-slot fields, passed as they are
     out_kind: str           # 'tensor' | 'tensors' | 'value'
     out_slots: tuple        # tensor or value slots written
@@ -48,7 +49,7 @@ def _operand_read(op):
 
 
 def _resolve(index, record, tensor_dtypes, path) -> ResolvedNode:
-    spec = op_specs()[op_codes()[record.op]]
+    spec = op_spec(record.op)
     kernel = get_kernel(spec.name)
     if kernel is None:
         raise GraphFormatError(f"op {spec.short_name} has no kernel in this mlxgraph", path, index, "op")
@@ -86,7 +87,9 @@ def _resolve(index, record, tensor_dtypes, path) -> ResolvedNode:
         else:
             fixed[f.name] = value
     dtypes = tuple(tensor_dtypes[s] for s in out_slots) if out_kind != "value" else ()
-    return ResolvedNode(index, record, kernel.fn, kernel.needs_context, tuple(reads), fixed,
+    tensor_reads = tuple((name, where) for name, how, where in reads if how == TENSOR)
+    other_reads = tuple(r for r in reads if r[1] != TENSOR)
+    return ResolvedNode(index, record, kernel.fn, kernel.needs_context, tensor_reads, other_reads, fixed,
                         out_kind, out_slots, dtypes)
 
 
@@ -100,6 +103,9 @@ class Program:
         self.tensor_count = len(graph.tensors)
         self.value_count = len(graph.values)
         self.constants = constants          # {tensor slot: mx.array}
+        # Every step starts from this: tensor slots with the constants in place, copied at
+        # C speed instead of placing each constant again.
+        self.initial_tensors = tuple(constants.get(slot) for slot in range(self.tensor_count))
         self.nodes = nodes                  # [ResolvedNode]
         self.layers = layers                # {layer_id: LayerCacheInfo}
         self.inputs = graph.inputs
@@ -130,7 +136,12 @@ class Program:
         return cls(graph, constants, nodes, layers)
 
     def session(self, capacity=None, kv_dtype=None, windows=None, preallocate=False, max_step=None):
-        """Start a session: per-session KV stores and value slots (see Session)."""
+        """Start a session: its own KV stores and value slots over this program's weights.
+
+        Args: as :class:`~mlxgraph.interpreter.session.Session` takes them.
+        Raises:
+            SessionError: a bad override. CacheError: a cache policy a store cannot honour.
+        """
         from mlxgraph.interpreter.session import Session
 
         return Session(self, capacity=capacity, kv_dtype=kv_dtype, windows=windows,

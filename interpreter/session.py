@@ -18,14 +18,16 @@ DEFAULT_CAPACITY = 4096
 
 
 class StepContext:
-    """What stateful kernels see of the running step."""
+    """What stateful kernels see of the running step: the session's KV stores.
 
-    __slots__ = ("stores", "start", "length")
+    The step's positions are not here: the session checked them against the stores'
+    length before the step began, so no kernel needs them.
+    """
 
-    def __init__(self, stores, start, length):
+    __slots__ = ("stores",)
+
+    def __init__(self, stores):
         self.stores = stores
-        self.start = start      # absolute position of the step's first token
-        self.length = length    # tokens in the step
 
     def store(self, layer_id):
         """The KV store of ``layer_id``."""
@@ -46,7 +48,9 @@ class Session:
             growing them by doubling (dynamic).
         max_step: the largest step expected (sizes ring buffers; larger steps still work).
     Raises:
-        SessionError: a bad override.
+        SessionError: a bad override (capacity, kv_dtype name, windows naming unknown layers).
+        CacheError: a policy a store cannot honour (a non-floating kv_dtype, a negative
+            window, a ring window smaller than the layer's own sliding window).
     """
 
     def __init__(self, program, capacity=None, kv_dtype=None, windows=None, preallocate=False, max_step=None):
@@ -55,7 +59,10 @@ class Session:
         self.capacity = int(capacity or meta.max_context or DEFAULT_CAPACITY)
         if self.capacity <= 0:
             raise SessionError(f"capacity must be positive, got {capacity}")
-        self.kv_dtype = to_mx_dtype(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
+        try:
+            self.kv_dtype = to_mx_dtype(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
+        except KeyError:
+            raise SessionError(f"kv_dtype {kv_dtype!r} is not a dtype name (float32, float16, bfloat16)") from None
         self.max_step = int(max_step or min(self.capacity, 512))
         self._windows = self._window_per_layer(windows)
         self._preallocate = preallocate
@@ -107,6 +114,7 @@ class Session:
             geometry = LayerGeometry(lid, lc.kv_heads, lc.head_dim, lc.v_head_dim, self._windows[lid])
             policy = CachePolicy(self.capacity, self.kv_dtype, self._preallocate, self._windows[lid], self.max_step)
             self.stores[lid] = make_store(geometry, policy)
+        self._ctx = StepContext(self.stores)
         self._length = 0
 
     def trim(self, n: int) -> int:
@@ -150,7 +158,7 @@ class Session:
         """
         positions = self._host_positions(positions)
         n_new = len(positions)
-        tensors = [None] * self.program.tensor_count
+        tensors = list(self.program.initial_tensors)
         values = [None] * self.program.value_count
         self._bind_inputs({"tokens": tokens, "positions": positions}, tensors, values)
         begun = []
@@ -159,7 +167,7 @@ class Session:
             for store in self.stores.values():
                 store.begin(n_new)
                 begun.append(store)
-            self._run(tensors, values, StepContext(self.stores, self._length, n_new), observer)
+            self._run(tensors, values, observer)
         except Exception:
             for store in begun:
                 store.rollback()
@@ -171,9 +179,12 @@ class Session:
         return next(iter(outs.values())) if len(outs) == 1 else outs
 
     def _host_positions(self, positions) -> list:
-        if isinstance(positions, mx.array):
-            positions = np.array(positions)
-        pos = [int(p) for p in np.asarray(positions).reshape(-1)]
+        if isinstance(positions, range):
+            pos = list(positions)  # what generation loops pass: no numpy round trip
+        else:
+            if isinstance(positions, mx.array):
+                positions = np.array(positions)
+            pos = [int(p) for p in np.asarray(positions).reshape(-1)]
         if not pos:
             raise SessionError("a step needs at least one token")
         want = list(range(self._length, self._length + len(pos)))
@@ -185,9 +196,6 @@ class Session:
         return pos
 
     def _bind_inputs(self, given, tensors, values):
-        constants = self.program.constants
-        for slot, arr in constants.items():
-            tensors[slot] = arr
         bound = {}
         for name, slot, dtype, dims in self._input_plan:
             if name not in given:
@@ -212,14 +220,14 @@ class Session:
                     values[d.value] = size
             tensors[slot] = arr
 
-    def _run(self, tensors, values, ctx, observer):
-        path = self.program.path
+    def _run(self, tensors, values, observer):
+        ctx = self._ctx
         for node in self.program.nodes:
-            kw = dict(node.fixed)
+            kw = node.fixed.copy()
+            for name, slot in node.tensor_reads:
+                kw[name] = tensors[slot]
             for name, how, where in node.reads:
-                if how == TENSOR:
-                    kw[name] = tensors[where]
-                elif how == VALUE:
+                if how == VALUE:
                     kw[name] = values[where]
                 elif how == TENSOR_LIST:
                     kw[name] = [tensors[i] for i in where]
@@ -229,10 +237,8 @@ class Session:
                 kw["ctx"] = ctx
             try:
                 result = node.fn(**kw)
-            except (CacheError, SessionError):
-                raise
             except Exception as e:
-                raise GraphRuntimeError(path, node.index, node.record.op[:-4], node.record.provenance, f"{type(e).__name__}: {e}") from e
+                raise self._node_error(node, e) from e
             if node.out_kind == "value":
                 values[node.out_slots[0]] = result
                 outputs = [result]
@@ -246,6 +252,14 @@ class Session:
                     tensors[slot] = arr
             if observer is not None:
                 observer(node.index, node.record, outputs)
+
+    def _node_error(self, node, e: Exception) -> Exception:
+        """A kernel's exception, located: the file, node index, op and source."""
+        rec = node.record
+        if isinstance(e, CacheError):
+            # Still a CacheError (the step is rejected, nothing changed), now located.
+            return CacheError(f"{self.program.path or '<bytes>'}: node {node.index} ({rec.op[:-4]}): {e}")
+        return GraphRuntimeError(self.program.path, node.index, rec.op[:-4], rec.provenance, f"{type(e).__name__}: {e}")
 
 
 __all__ = ["Session", "StepContext", "SessionError"]

@@ -19,12 +19,15 @@ class GraphFormatError(Exception):
         super().__init__(self._render())
 
     def _render(self) -> str:
-        where = [self.path]
-        if self.node is not None:
-            where.append(f"node {self.node}")
+        return f"{self.path}: {self.detail}"
+
+    @property
+    def detail(self) -> str:
+        """The message without the file: ``node N: field F: reason`` (parts that apply)."""
+        where = [f"node {self.node}"] if self.node is not None else []
         if self.field is not None:
             where.append(f"field {self.field}")
-        return f"{': '.join(where)}: {self.reason}"
+        return ": ".join([*where, self.reason])
 
     def located(self, path=None, node=None, field=None) -> "GraphFormatError":
         """Return a copy with missing location parts filled in."""

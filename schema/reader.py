@@ -24,7 +24,7 @@ from mlxgraph.schema.records import (
     SymbolInfo,
     TensorInfo,
 )
-from mlxgraph.schema.spec import load_schema, op_specs
+from mlxgraph.schema.spec import op_specs
 
 
 def _str(raw) -> str:
@@ -190,15 +190,16 @@ class GraphFile:
         return arr.reshape(t.shape)
 
 
-def _map(path: Path):
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, 2)
-            if size == 0:
-                return b""
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as e:
-        raise GraphFormatError(f"cannot read: {e.strerror or e}", path) from None
+def map_file(path):
+    """The file's bytes, mapped read-only (``b""`` for an empty file, which mmap refuses).
+
+    Raises:
+        OSError: the file cannot be opened or mapped.
+    """
+    with open(path, "rb") as f:
+        if f.seek(0, 2) == 0:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 def open_graph(source, verify: bool = True, deep: bool = False) -> GraphFile:
@@ -215,7 +216,10 @@ def open_graph(source, verify: bool = True, deep: bool = False) -> GraphFile:
         path, data = None, source
     else:
         path = Path(source)
-        data = _map(path)
+        try:
+            data = map_file(path)
+        except OSError as e:
+            raise GraphFormatError(f"cannot read: {e.strerror or e}", path) from None
     if verify:
         from mlxgraph.schema.verifier import verify_buffer
 
@@ -226,4 +230,4 @@ def open_graph(source, verify: bool = True, deep: bool = False) -> GraphFile:
     return GraphFile(path, data, root)
 
 
-__all__ = ["GraphFile", "open_graph", "decode_op_table", "decode_operand", "load_schema"]
+__all__ = ["GraphFile", "decode_op_table", "decode_operand", "map_file", "open_graph"]

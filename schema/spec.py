@@ -45,7 +45,12 @@ class FieldSpec:
     @property
     def accessor(self) -> str:
         """The generated bindings' accessor name (snake_case -> UpperCamel)."""
-        return "".join(part[:1].upper() + part[1:] for part in self.name.split("_"))
+        return upper_camel(self.name)
+
+
+def upper_camel(name: str) -> str:
+    """A schema field name as flatc's Python bindings spell it: 'v_head_dim' -> 'VHeadDim'."""
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
 @dataclass
@@ -273,3 +278,12 @@ def op_codes() -> dict:
         out[spec.name] = code
         out[spec.short_name] = code
     return out
+
+
+def op_spec(op: str) -> OpSpec:
+    """The OpSpec of an op by table name ('AddNode') or short name ('Add').
+
+    Raises:
+        KeyError: the schema has no such op.
+    """
+    return op_specs()[op_codes()[op]]

@@ -27,11 +27,10 @@ SCALAR, STRUCT, STRING, TABLE, UNION, VSCALAR, VSTRUCT, VSTRING, VTABLE = range(
 class FieldPlan:
     """How to check and decode one table field."""
 
-    __slots__ = ("name", "vi", "kind", "size", "align", "unpack", "fmt", "sub", "required", "enum")
+    __slots__ = ("name", "vi", "kind", "size", "align", "unpack", "sub", "required", "enum")
 
     def __init__(self, name, vi, kind, size, align, fmt, sub, required, enum):
         self.name, self.vi, self.kind, self.size, self.align = name, vi, kind, size, align
-        self.fmt = fmt
         self.unpack = struct.Struct("<" + fmt).unpack_from if fmt else None
         self.sub, self.required, self.enum = sub, required, enum
 

@@ -85,7 +85,11 @@ class Walker:
         return v + 4, n
 
     def string(self, p: int) -> bytes:
-        """The string whose uoffset is at ``p``."""
+        """The string whose uoffset is at ``p``.
+
+        Raises:
+            Bad: the offset, length or terminating NUL lies outside the FlatBuffer part.
+        """
         s = self._follow(p)
         if s & 3 or s + 4 > self.end:
             raise Bad(f"string at byte {s} is misaligned or runs past the FlatBuffer part")
@@ -135,7 +139,11 @@ class Walker:
         return out
 
     def root(self) -> int:
-        """The root table's position (the uoffset at byte 0), checked."""
+        """The root table's position (the uoffset at byte 0), checked.
+
+        Raises:
+            Bad: the part is too short or the offset points outside it.
+        """
         if self.end < 8:
             raise Bad("the FlatBuffer part is too short")
         return self._follow(0)

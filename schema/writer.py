@@ -16,7 +16,7 @@ from mlxgraph.generated import mlxgraph_generated as fb
 from mlxgraph.schema.dtypes import dtype_info
 from mlxgraph.schema.format import ALIGNMENT, FILE_IDENTIFIER, FORMAT_MAJOR, FORMAT_MINOR, align_up
 from mlxgraph.schema.records import ModelInfo, NodeRecord, Operand, Provenance
-from mlxgraph.schema.spec import load_schema, op_codes, op_specs
+from mlxgraph.schema.spec import load_schema, op_spec, upper_camel
 
 
 def content_hash(data) -> str:
@@ -117,7 +117,7 @@ class GraphWriter:
         Raises:
             KeyError: unknown op or field.
         """
-        spec = op_specs()[op_codes()[op]]
+        spec = op_spec(op)
         known = {f.name for f in spec.table.fields}
         unknown = set(fields) - known
         if unknown:
@@ -260,8 +260,7 @@ class GraphWriter:
 
     @staticmethod
     def _vector(b, table: str, field_name: str, offsets: list) -> int:
-        camel = "".join(p[:1].upper() + p[1:] for p in field_name.split("_"))
-        _fn(f"{table}Start{camel}Vector")(b, len(offsets))
+        _fn(f"{table}Start{upper_camel(field_name)}Vector")(b, len(offsets))
         for off in reversed(offsets):
             b.PrependUOffsetTRelative(off)
         return b.EndVector()
@@ -307,7 +306,7 @@ class GraphWriter:
 
     def _node(self, b, record: NodeRecord) -> int:
         schema = load_schema()
-        spec = op_specs()[op_codes()[record.op]]
+        spec = op_spec(record.op)
         name = spec.name
         # Offsets (vectors, strings) must be created before the table starts.
         vectors = {}

@@ -6,20 +6,14 @@ import time
 
 import numpy as np
 import pytest
+from tool_helpers import exported_tiny_llama, run_cli
 
 from mlxgraph.schema.reader import open_graph
 from mlxgraph.tools import synthetic
-from mlxgraph.tools.cli import main
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def diff_json(capsys, a, b, *extra):
-    code, out, err = run(capsys, "diff", a, b, "--json", *extra)
+    code, out, err = run_cli(capsys, "diff", a, b, "--json", *extra)
     assert err == ""
     return code, json.loads(out)
 
@@ -43,7 +37,7 @@ def base(tmp_path_factory):
 
 def test_self_diff_is_empty(capsys, base):
     _, a, _ = base
-    code, out, _ = run(capsys, "diff", a, a)
+    code, out, _ = run_cli(capsys, "diff", a, a)
     assert code == 0
     assert out.splitlines()[-1].startswith("same:")
     code, doc = diff_json(capsys, a, a)
@@ -77,7 +71,7 @@ def test_one_inserted_node_is_exactly_one_insertion(capsys, tmp_path):
     # and the other way round it is one deletion
     code, doc = diff_json(capsys, b, a)
     assert code == 1 and [n["change"] for n in doc["nodes"]] == ["deleted"]
-    code, out, _ = run(capsys, "diff", a, b)
+    code, out, _ = run_cli(capsys, "diff", a, b)
     assert out.splitlines()[-1] == "different: 1 inserted"
 
 
@@ -168,22 +162,13 @@ def test_alignment_is_fast_on_thousands_of_nodes(tmp_path):
 
 def test_unreadable_file_exit_2(capsys, base, tmp_path):
     _, a, _ = base
-    code, out, err = run(capsys, "diff", a, tmp_path / "missing.mlxg")
+    code, out, err = run_cli(capsys, "diff", a, tmp_path / "missing.mlxg")
     assert code == 2 and out == "" and "missing.mlxg" in err and "Traceback" not in err
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    pytest.importorskip("torch")
-    pytest.importorskip("mlxgraph.exporter")
-    from mlxgraph.exporter import export
-
-    d = tmp_path_factory.mktemp("exported")
-    out = {}
-    for dtype in ("float32", "float16"):
-        out[dtype] = d / f"tiny-llama-{dtype}.mlxg"
-        export("tiny-llama", str(out[dtype]), dtype=dtype)
-    return out
+    return exported_tiny_llama(tmp_path_factory)
 
 
 def test_float32_vs_float16_export_is_dtypes_and_constants_only(capsys, exported):

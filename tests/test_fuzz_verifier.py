@@ -12,14 +12,13 @@ MLXGRAPH_FUZZ_CASES sets the count of the slow variant (default 100,000).
 import os
 import random
 import struct
-import sys
 import time
 import tracemalloc
-from pathlib import Path
 
 import flatbuffers
 import numpy as np
 import pytest
+from make_golden import build_sample
 
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.reader import open_graph
@@ -27,9 +26,6 @@ from mlxgraph.schema.records import Operand
 from mlxgraph.schema.spec import SCALAR_SIZES, load_schema
 from mlxgraph.schema.verifier import verify_buffer
 from mlxgraph.schema.writer import GraphWriter
-
-sys.path.insert(0, str(Path(__file__).parent))
-from make_golden import build_sample  # noqa: E402
 
 HUGE = (0xFFFFFFFF, 0x80000000, 0x7FFFFFFF, 0x40000000, 0x10000000, 0x00FFFFFF, 65536)
 # Peak Python allocation allowed while verifying, as a multiple of the file size (plus slack
@@ -222,10 +218,7 @@ def run_fuzz(tmp_path, cases: int, seed: int = 20240601) -> dict:
         stats["max_seconds"] = max(stats["max_seconds"], elapsed)
         if valid:
             stats["valid"] += 1
-            try:
-                read_everything(data)
-            except GraphFormatError:
-                pass
+            read_everything(data)   # whatever the verifier accepts, the reader must read
         else:
             stats["rejected"] += 1
     stats["seconds"] = round(time.perf_counter() - start, 1)

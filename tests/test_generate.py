@@ -286,7 +286,6 @@ print(json.dumps(out[0, ids.shape[1]:].tolist()))
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    pytest.importorskip("mlxgraph.exporter")
     path = tmp_path_factory.mktemp("tiny") / "tiny-llama.mlxg"
     proc = subprocess.run([PY, "-c", textwrap.dedent(_EXPORT_AND_REFERENCE), str(path), "24"],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -7,16 +7,10 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from tool_helpers import run_cli
 
 from mlxgraph.schema.writer import GraphWriter
 from mlxgraph.tools import synthetic
-from mlxgraph.tools.cli import main
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +25,7 @@ def graphs(tmp_path_factory):
 
 def test_summary_text(capsys, graphs):
     spec, a, _ = graphs
-    code, out, err = run(capsys, "inspect", a)
+    code, out, err = run_cli(capsys, "inspect", a)
     assert code == 0 and err == ""
     assert re.search(r"^format\s+1\.0\s+producer mlxgraph-synthetic", out, re.M)
     assert re.search(r"^model\s+llama\s+layers 2\s+hidden 32\s+vocab 64\s+max context 256\s+eos \[63\]", out, re.M)
@@ -47,7 +41,7 @@ def test_summary_text(capsys, graphs):
 
 def test_json_summary(capsys, graphs):
     spec, a, _ = graphs
-    code, out, _ = run(capsys, "inspect", a, "--json")
+    code, out, _ = run_cli(capsys, "inspect", a, "--json")
     assert code == 0
     doc = json.loads(out)
     assert doc["format_version"] == "1.0" and doc["json_version"] == 1
@@ -67,7 +61,7 @@ def test_json_summary(capsys, graphs):
 
 def test_nodes_canonical_text(capsys, graphs):
     spec, a, b = graphs
-    code, out, _ = run(capsys, "inspect", a, "--nodes")
+    code, out, _ = run_cli(capsys, "inspect", a, "--nodes")
     assert code == 0
     lines = out.split("nodes:\n", 1)[1].splitlines()
     assert len(lines) == len(spec.nodes)
@@ -77,8 +71,8 @@ def test_nodes_canonical_text(capsys, graphs):
                     r"-> out=%\d+:l0_attn  layer_id=0 scale=0\.35355338  # model\.layers\.0\.self_attn l0_attend "
                     r"mlxgraph\.update_and_attend\.default$", attend), attend
     # stable across runs, and a renumbering changes only the slot numbers
-    assert run(capsys, "inspect", a, "--nodes")[1] == out
-    other = run(capsys, "inspect", b, "--nodes")[1].split("nodes:\n", 1)[1]
+    assert run_cli(capsys, "inspect", a, "--nodes")[1] == out
+    other = run_cli(capsys, "inspect", b, "--nodes")[1].split("nodes:\n", 1)[1]
     strip = re.compile(r"([%$])\d+:")
     assert other != "\n".join(lines) + "\n"
     assert strip.sub(r"\1:", other) == strip.sub(r"\1:", "\n".join(lines) + "\n")
@@ -86,7 +80,7 @@ def test_nodes_canonical_text(capsys, graphs):
 
 def test_nodes_and_constants_json(capsys, graphs):
     spec, a, _ = graphs
-    doc = json.loads(run(capsys, "inspect", a, "--json", "--nodes", "--constants")[1])
+    doc = json.loads(run_cli(capsys, "inspect", a, "--json", "--nodes", "--constants")[1])
     assert len(doc["nodes"]) == len(spec.nodes)
     emb = doc["nodes"][1]
     assert emb["op"] == "Embedding"
@@ -117,12 +111,12 @@ def test_constants_text_and_duplicates(capsys, tmp_path):
     w.add_output("x", out)
     path = tmp_path / "dups.mlxg"
     w.write(path)
-    code, text, _ = run(capsys, "inspect", path, "--constants")
+    code, text, _ = run_cli(capsys, "inspect", path, "--constants")
     assert code == 0
     assert re.search(r"^duplicates\s+2x 48 B \(table_a, table_b\)\s+48 B could be shared", text, re.M)
     assert "float32 96 B (2)" in text and "float16 24 B (1)" in text
     assert re.search(r"^  1  table_b  float32\[4, 3\]  48  [0-9a-f]{32}$", text, re.M)
-    doc = json.loads(run(capsys, "inspect", path, "--json")[1])
+    doc = json.loads(run_cli(capsys, "inspect", path, "--json")[1])
     assert doc["constant_bytes"]["duplicate_bytes"] == 48
     assert doc["constant_bytes"]["duplicates"][0]["names"] == ["table_a", "table_b"]
 
@@ -136,7 +130,7 @@ def test_bad_file_exit_2(capsys, graphs, tmp_path, content):
         path.write_bytes(bytes(range(256)) * 8)
     elif content == "truncated":
         path.write_bytes(graphs[1].read_bytes()[:3000])
-    code, out, err = run(capsys, "inspect", path, "--json")
+    code, out, err = run_cli(capsys, "inspect", path, "--json")
     assert code == 2 and out == ""
     assert str(path) in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1

@@ -91,7 +91,7 @@ def test_rejected_steps_leave_the_session_unchanged(tiny):
         session.step(toks, [length + 1, length + 2])
     with pytest.raises(SessionError, match="at least one"):
         session.step(mx.zeros((1, 0), dtype=mx.int32), [])
-    with pytest.raises(CacheError):
+    with pytest.raises(CacheError, match="exceeds the capacity of 20"):
         session.step(mx.zeros((1, 21 - length), dtype=mx.int32), range(length, 21))
     with pytest.raises(SessionError, match="bounds"):
         session.step(mx.zeros((1, 65), dtype=mx.int32), range(length, length + 65))
@@ -110,6 +110,28 @@ def test_failed_node_names_node_and_keeps_cache(tmp_path):
         session.step(mx.array([[4, 5]], dtype=mx.int32), [1, 2])
     assert session.length == 1
     assert close(session.step(mx.array([[6]], dtype=mx.int32), [1]), oracle.step(np.array([6])))
+
+
+def test_cache_geometry_disagreeing_with_the_graph_names_file_and_node(tmp_path):
+    path = tmp_path / "badgeo.mlxg"
+    build_tiny_graph(path, recorded_kv_heads=1)   # the graph's K/V have 2 heads
+    session = mlxgraph.load(path).session(capacity=8)
+    with pytest.raises(CacheError, match=r"badgeo\.mlxg: node \d+ \(UpdateAndAttend\): layer 0 .*expected k"):
+        session.step(mx.array([[1, 2]], dtype=mx.int32), [0, 1])
+    assert session.length == 0
+
+
+def test_bad_session_overrides_are_clear_errors(tiny):
+    path, _ = tiny
+    program = mlxgraph.load(path)
+    with pytest.raises(SessionError, match="kv_dtype 'float8' is not a dtype name"):
+        program.session(kv_dtype="float8")
+    with pytest.raises(CacheError, match="kv_dtype must be"):
+        program.session(kv_dtype="int8")
+    with pytest.raises(SessionError, match="windows names layers \\[7\\]"):
+        program.session(windows={7: 4})
+    with pytest.raises(SessionError, match="capacity must be positive"):
+        program.session(capacity=-1)
 
 
 def test_trim_and_reset(tiny):

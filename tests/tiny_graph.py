@@ -13,7 +13,8 @@ from mlxgraph.schema.writer import GraphWriter
 VOCAB, HIDDEN, HQ, HKV, D = 32, 16, 4, 2, 8
 
 
-def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,), record_layers=True):
+def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,), record_layers=True,
+                     recorded_kv_heads=HKV):
     """Write the tiny graph to ``path``; returns its weights (for the oracle).
 
     Args:
@@ -22,6 +23,8 @@ def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,), r
         windows: one attention layer per entry, each with this sliding window in the
             metadata (0 = full attention); the layers share q/k/v and their outputs are summed.
         record_layers: write the layers' cache geometry into the metadata.
+        recorded_kv_heads: the kv_heads the metadata records (another value than the graph's
+            K/V really have makes a graph whose cache geometry is wrong).
     """
     rng = np.random.default_rng(seed)
     wts = {
@@ -77,7 +80,7 @@ def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,), r
     w.metadata.vocab_size = VOCAB
     w.metadata.max_context = max_t
     if record_layers:
-        w.metadata.layers = tuple(LayerCacheInfo(i, HKV, D, D, win) for i, win in enumerate(windows))
+        w.metadata.layers = tuple(LayerCacheInfo(i, recorded_kv_heads, D, D, win) for i, win in enumerate(windows))
     w.write(path)
     return wts
 

@@ -21,41 +21,29 @@ COMMANDS = {
 
 
 def _load(name: str):
-    try:
-        return importlib.import_module(f"mlxgraph.tools.{COMMANDS[name][0]}")
-    except ModuleNotFoundError as e:
-        if e.name == f"mlxgraph.tools.{COMMANDS[name][0]}":
-            return None
-        raise
+    # Subcommand modules import nothing heavy (mlx, torch) at module level: building the
+    # parser imports them all, and `generate` must preload its BLAS before mlx.
+    return importlib.import_module(f"mlxgraph.tools.{COMMANDS[name][0]}")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every available subcommand."""
+    """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="mlxgraph", description="PyTorch language models as graph files, run on MLX.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        module = _load(name)
-        if module is not None:
-            module.add_arguments(p)
-        else:
-            p.add_argument("rest", nargs=argparse.REMAINDER)
+        _load(name).add_arguments(sub.add_parser(name, help=help_text, description=help_text))
     return parser
 
 
 def main(argv=None) -> int:
-    """Run the command line; returns the exit code."""
+    """Run the command line; returns the exit code (usage errors exit 2 through argparse)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()
         return 2
-    module = _load(args.command)
-    if module is None:
-        print(f"mlxgraph {args.command}: not yet available in this version", file=sys.stderr)
-        return 2
     try:
-        return int(module.run(args) or 0)
+        return int(_load(args.command).run(args) or 0)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

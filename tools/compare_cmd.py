@@ -7,7 +7,16 @@ not, 2 on bad usage, an unreadable file or a graph that fails to run.
 from mlxgraph.tools.align import Flow, align
 from mlxgraph.tools.node_text import short_name
 from mlxgraph.tools.numeric import RTOL
-from mlxgraph.tools.output import ToolError, fail, fmt_num, json_header, open_checked, print_json
+from mlxgraph.tools.output import (
+    ToolError,
+    check_vocab,
+    fail,
+    fmt_num,
+    json_header,
+    open_checked,
+    parse_ids,
+    print_json,
+)
 
 
 def add_arguments(parser) -> None:
@@ -20,28 +29,6 @@ def add_arguments(parser) -> None:
                         help="relative tolerance for floating outputs (default: by dtype, see docs/json-output.md)")
     parser.add_argument("--top", type=int, default=10, help="how many of the worst nodes to list (default 10)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (docs/json-output.md)")
-
-
-def parse_ids(text: str) -> list:
-    """'1, 2,3' -> [1, 2, 3].
-
-    Raises:
-        ToolError: not a non-empty list of non-negative integers.
-    """
-    try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
-    except ValueError:
-        raise ToolError(f"--prompt-ids: expected comma-separated integers, got {text!r}") from None
-    if not ids or min(ids) < 0:
-        raise ToolError(f"--prompt-ids: expected at least one non-negative integer, got {text!r}")
-    return ids
-
-
-def _check_vocab(graph, path, ids) -> None:
-    vocab = graph.metadata.vocab_size
-    bad = [t for t in ids if vocab and t >= vocab]
-    if bad:
-        raise ToolError(f"{path}: token id(s) {bad} outside the vocabulary of {vocab}")
 
 
 def run(args) -> int:
@@ -57,7 +44,7 @@ def run(args) -> int:
             raise ToolError(f"--steps must be >= 0, got {args.steps}")
         ga, gb = open_checked(args.a), open_checked(args.b)
         for g, p in ((ga, args.a), (gb, args.b)):
-            _check_vocab(g, p, ids)
+            check_vocab(ids, g.metadata.vocab_size, p)
         pa, pb = mlxgraph.load(args.a), mlxgraph.load(args.b)
     except ToolError as e:
         return fail(f"compare: {e}")

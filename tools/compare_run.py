@@ -10,6 +10,7 @@ that over max |a| (A is the reference), per node, the worst over outputs and ste
 
 import mlx.core as mx
 
+from mlxgraph.interpreter.mlx_dtypes import dtype_name
 from mlxgraph.tools.numeric import least_precise, relative, tolerance
 
 _INF = float("inf")
@@ -39,8 +40,9 @@ def _logits(out):
 
 
 def _dtype_name(x) -> str | None:
+    """A node output's dtype name: a schema dtype for arrays, 'int' for a runtime int."""
     if isinstance(x, mx.array):
-        return str(x.dtype).removeprefix("mlx.core.")
+        return dtype_name(x.dtype)
     return "int" if isinstance(x, int) else None
 
 

@@ -5,12 +5,12 @@ JSON object) goes to stdout. Exit 0 on success, 2 for bad usage (unknown model, 
 option), 1 when the model cannot be exported (unsupported ops, all listed).
 """
 
-import json
 import os
 import sys
 import time
 
 from mlxgraph.schema.format import format_version
+from mlxgraph.tools.output import fail, human_bytes, json_header_for, print_json
 
 
 def add_arguments(parser) -> None:
@@ -25,23 +25,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def _summary(stats: dict) -> str:
     top = list(stats["ops"].items())[:8]
     ops = ", ".join(f"{k} {v}" for k, v in top)
     more = len(stats["ops"]) - len(top)
     lines = [
-        f"wrote {stats['path']} ({_human(stats['file_bytes'])}) in {stats['seconds']:.1f} s",
+        f"wrote {stats['path']} ({human_bytes(stats['file_bytes'])}) in {stats['seconds']:.1f} s",
         f"  model      {stats['model']} ({stats['parameters']:,} parameters, {stats['dtype']})",
         f"  nodes      {stats['nodes']}: {ops}" + (f", +{more} more op kinds" if more > 0 else ""),
-        f"  constants  {stats['constants']} ({_human(stats['constant_bytes'])})",
+        f"  constants  {stats['constants']} ({human_bytes(stats['constant_bytes'])})",
         f"  max T      {stats['max_seq_len']}",
     ]
     return "\n".join(lines)
@@ -63,21 +55,18 @@ def run(args) -> int:
             print(f"[{time.perf_counter() - started:6.1f}s] {step}...", file=sys.stderr, flush=True)
 
     if args.max_seq_len < 2:
-        print(f"mlxgraph export: --max-seq-len must be at least 2, got {args.max_seq_len}", file=sys.stderr)
-        return 2
+        return fail(f"export: --max-seq-len must be at least 2, got {args.max_seq_len}")
     try:
         stats = export(args.model, args.output, dtype=args.dtype, max_seq_len=args.max_seq_len, progress=progress)
     except ExportError as e:
-        print(f"mlxgraph export: {e}", file=sys.stderr)
-        return 2
+        return fail(f"export: {e}")
     except (UnsupportedOpsError, AdapterError, TraceError) as e:
-        print(f"mlxgraph export: {args.model}: cannot export: {e}", file=sys.stderr)
+        print(f"mlxgraph: export: {args.model}: cannot export: {e}", file=sys.stderr)
         return 1
     except OSError as e:
-        print(f"mlxgraph export: {args.output}: {e.strerror or e}", file=sys.stderr)
-        return 2
+        return fail(f"export: {args.output}: {e.strerror or e}")
     if args.json:
-        print(json.dumps({"format_version": format_version(), **stats}, indent=2))
+        print_json({**json_header_for(format_version()), **stats})
     else:
         print(_summary(stats))
     return 0

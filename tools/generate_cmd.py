@@ -10,8 +10,18 @@ parser, and an optimised BLAS must be loaded before mlx (interpreter/blas.py), w
 """
 
 import os
-import resource
 import sys
+
+from mlxgraph.tools.output import (
+    ToolError,
+    check_vocab,
+    fail,
+    human_bytes,
+    json_header,
+    parse_ids,
+    peak_rss_bytes,
+    print_json,
+)
 
 DEFAULT_MAX_TOKENS = 128
 DEFAULT_PREFILL_CHUNK = 512
@@ -39,52 +49,31 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON document at the end, no streaming")
 
 
-class _BadInput(Exception):
-    pass
-
-
-def _parse_ids(text: str) -> list[int]:
-    ids = []
-    for part in text.replace(" ", "").split(","):
-        if part == "":
-            continue
-        try:
-            ids.append(int(part))
-        except ValueError:
-            raise _BadInput(f"--prompt-ids: {part!r} is not an integer") from None
-    if not ids:
-        raise _BadInput("--prompt-ids: no token ids given")
-    return ids
-
-
 def _check_args(args) -> None:
     if args.max_tokens < 1:
-        raise _BadInput(f"--max-tokens must be >= 1, got {args.max_tokens}")
+        raise ToolError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     if args.prefill_chunk < 1:
-        raise _BadInput(f"--prefill-chunk must be >= 1, got {args.prefill_chunk}")
+        raise ToolError(f"--prefill-chunk must be >= 1, got {args.prefill_chunk}")
     if args.capacity is not None and args.capacity < 1:
-        raise _BadInput(f"--capacity must be >= 1, got {args.capacity}")
+        raise ToolError(f"--capacity must be >= 1, got {args.capacity}")
     if not os.path.isfile(args.graph):
-        raise _BadInput(f"{args.graph}: no such file")
+        raise ToolError(f"{args.graph}: no such file")
 
 
 def run(args) -> int:
     """Generate; returns the exit code (0 ok, 1 the graph failed while running, 2 bad input)."""
     from mlxgraph.interpreter.blas import BlasError, preload_blas
-    from mlxgraph.tools.output import fail
 
     try:
         _check_args(args)
         blas = preload_blas()   # before anything imports mlx
-    except _BadInput as e:
-        return fail(f"generate: {e}")
-    except BlasError as e:
+    except (ToolError, BlasError) as e:
         return fail(f"generate: {e}")
     return _run(args, blas)
 
 
 def _prepare(args):
-    """Load the graph, tokenizer, prompt, session and sampler; raises _BadInput."""
+    """Load the graph, tokenizer, prompt, session and sampler; raises ToolError."""
     import mlxgraph
     from mlxgraph.interpreter.errors import SessionError
     from mlxgraph.schema.errors import GraphFormatError
@@ -94,9 +83,9 @@ def _prepare(args):
     try:
         program = mlxgraph.load(args.graph)
     except GraphFormatError as e:
-        raise _BadInput(str(e)) from None
+        raise ToolError(str(e)) from None
     except OSError as e:
-        raise _BadInput(f"{args.graph}: cannot read ({e.strerror or e})") from None
+        raise ToolError(f"{args.graph}: cannot read ({e.strerror or e})") from None
     meta = program.metadata
     tokenizer, tok_error = None, None
     try:
@@ -105,33 +94,30 @@ def _prepare(args):
         tok_error = str(e)
     if args.prompt is not None:
         if tokenizer is None:
-            raise _BadInput(f"{args.graph}: {tok_error}")
+            raise ToolError(f"{args.graph}: {tok_error}")
         try:
             prompt_ids = tokenizer.encode(args.prompt)
         except TokenizerError as e:
-            raise _BadInput(str(e)) from None
+            raise ToolError(str(e)) from None
         if not prompt_ids:
-            raise _BadInput("--prompt: the text encodes to no tokens")
+            raise ToolError("--prompt: the text encodes to no tokens")
     else:
-        prompt_ids = _parse_ids(args.prompt_ids)
-    vocab = meta.vocab_size
-    bad = [t for t in prompt_ids if t < 0 or (vocab and t >= vocab)]
-    if bad:
-        raise _BadInput(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        prompt_ids = parse_ids(args.prompt_ids)
+    check_vocab(prompt_ids, meta.vocab_size, args.graph)
     try:
         session = program.session(capacity=args.capacity, kv_dtype=args.kv_dtype,
                                   max_step=args.prefill_chunk)
     except SessionError as e:
-        raise _BadInput(f"{args.graph}: {e}") from None
+        raise ToolError(f"{args.graph}: {e}") from None
     full_attention = any(lc.sliding_window == 0 for lc in program.layers.values())
     if full_attention and len(prompt_ids) > session.capacity:
-        raise _BadInput(f"the prompt has {len(prompt_ids)} tokens, more than the KV capacity of "
+        raise ToolError(f"the prompt has {len(prompt_ids)} tokens, more than the KV capacity of "
                         f"{session.capacity} (--capacity, or the graph's max context)")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
     try:
         sampler = Sampler(args.temperature, args.top_k, args.top_p, seed)
     except ValueError as e:
-        raise _BadInput(str(e)) from None
+        raise ToolError(str(e)) from None
     # The last generated token is never fed back, so capacity - prompt + 1 tokens fit.
     room = session.capacity - len(prompt_ids) + 1 if full_attention else args.max_tokens
     return program, tokenizer, prompt_ids, session, sampler, min(args.max_tokens, room)
@@ -143,12 +129,11 @@ def _run(args, blas) -> int:
     from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
     from mlxgraph.interpreter.kv_cache import CacheError
     from mlxgraph.tools.generation import GenerationStats, generate
-    from mlxgraph.tools.output import fail
     from mlxgraph.tools.tokenizer import printable
 
     try:
         program, tokenizer, prompt_ids, session, sampler, max_tokens = _prepare(args)
-    except _BadInput as e:
+    except ToolError as e:
         return fail(f"generate: {e}")
     stop = () if args.ignore_eos else tuple(program.metadata.eos_token_ids)
     stats = GenerationStats()
@@ -176,10 +161,7 @@ def _run(args, blas) -> int:
         stats.stop_reason = "capacity"
     doc = _stats_doc(stats, blas, sampler, mx)
     if args.json:
-        from mlxgraph.tools.output import json_header, print_json
-
-        text = tokenizer.stream_decoder() if tokenizer else None
-        body = "".join(text.add(t) for t in tokens) + text.flush() if text else None
+        body = _decode(tokenizer, tokens) if tokenizer else None
         print_json({**json_header({"file": program.graph}), "graph": str(args.graph),
                     "prompt_ids": list(prompt_ids), "token_ids": tokens, "text": body,
                     "stop_reason": stats.stop_reason, **doc})
@@ -188,8 +170,14 @@ def _run(args, blas) -> int:
         out.write(printable(stream.flush()))
     out.write("\n")
     out.flush()
-    _print_stats(stats, doc, sys.stderr)
+    _print_stats(stats, doc, blas, sys.stderr)
     return 0
+
+
+def _decode(tokenizer, ids) -> str:
+    """The text of ``ids`` as the stream decoder gives it (specials skipped)."""
+    dec = tokenizer.stream_decoder()
+    return "".join(dec.add(t) for t in ids) + dec.flush()
 
 
 def _echo_ids(tokenizer, ids) -> str:
@@ -197,21 +185,7 @@ def _echo_ids(tokenizer, ids) -> str:
 
     if tokenizer is None:
         return " ".join(str(i) for i in ids) + " |"
-    dec = tokenizer.stream_decoder()
-    return printable("".join(dec.add(t) for t in ids) + dec.flush())
-
-
-def _peak_rss() -> int:
-    # VmHWM is this process image's own peak; ru_maxrss would include the parent's
-    # peak at fork (a large parent, such as a test runner, inflates it).
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    return printable(_decode(tokenizer, ids))
 
 
 def _stats_doc(stats, blas, sampler, mx) -> dict:
@@ -226,15 +200,13 @@ def _stats_doc(stats, blas, sampler, mx) -> dict:
             "prefill_tokens_per_second": stats.prefill_tps,
             "decode_tokens_per_second": stats.decode_tps,
             "peak_memory_bytes": int(mx.get_peak_memory()),
-            "peak_rss_bytes": _peak_rss(),
+            "peak_rss_bytes": peak_rss_bytes(),
             "blas": {"name": blas.name, "path": blas.path, "preloaded": blas.preloaded, "detail": blas.detail},
         },
     }
 
 
-def _print_stats(stats, doc, err) -> None:
-    from mlxgraph.tools.output import human_bytes
-
+def _print_stats(stats, doc, blas, err) -> None:
     s = doc["stats"]
     seed = doc["sampling"]["seed"]
     mode = "greedy" if seed is None else f"sampled, seed {seed}"
@@ -244,6 +216,4 @@ def _print_stats(stats, doc, err) -> None:
           f"   ({mode}; stopped: {stats.stop_reason.replace('_', ' ')})", file=err)
     print(f"peak memory  {human_bytes(s['peak_memory_bytes'])} MLX, {human_bytes(s['peak_rss_bytes'])} process RSS",
           file=err)
-    blas = s["blas"]
-    line = blas["name"] + (f" ({blas['detail']})" if blas["detail"] else "") + (f" {blas['path']}" if blas["path"] else "")
-    print(f"BLAS         {line}", file=err)
+    print(f"BLAS         {blas.describe()}", file=err)

@@ -40,11 +40,6 @@ class GenerationStats:
         return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else 0.0
 
 
-def cache_arrays(session) -> list:
-    """The arrays holding a session's KV cache, to evaluate between prefill chunks."""
-    return session.cache_state()
-
-
 def _step(session, tokens, sampler):
     """One lazy step: feed ``tokens`` ([1, T]) and sample from the last position's logits."""
     start = session.length
@@ -58,7 +53,7 @@ def prefill(session, prompt_ids, chunk: int) -> None:
     for i in range(0, len(body), chunk):
         piece = mx.array([body[i:i + chunk]], dtype=mx.int32)
         logits = session.step(piece, range(session.length, session.length + piece.shape[1]))
-        arrays = cache_arrays(session)
+        arrays = session.cache_state()
         mx.eval(arrays if arrays else logits)
 
 
@@ -120,4 +115,4 @@ def generate(session, prompt_ids, sampler, max_tokens: int, stop_ids=(), prefill
             session.trim(1)
 
 
-__all__ = ["GenerationStats", "cache_arrays", "generate", "prefill"]
+__all__ = ["GenerationStats", "generate", "prefill"]

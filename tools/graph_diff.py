@@ -12,8 +12,9 @@ differences (provenance is shown for context); neither do the producer string an
 format version, which the report shows in its header.
 """
 
+from mlxgraph.schema.spec import op_spec
 from mlxgraph.tools.align import Flow, align
-from mlxgraph.tools.node_text import SlotNames, format_node, short_name, spec_of
+from mlxgraph.tools.node_text import SlotNames, format_node, short_name
 from mlxgraph.tools.numeric import constant_errors
 
 _META_FIELDS = ("architecture", "num_layers", "vocab_size", "hidden_size", "max_context",
@@ -135,7 +136,7 @@ class _Differ:
                 fields = self.node_changes(i, j)
                 if fields:
                     rec = self.ga.nodes[i]
-                    dtype_attrs = {f.name for f in spec_of(rec.op).table.fields if f.type == "DType"}
+                    dtype_attrs = {f.name for f in op_spec(rec.op).table.fields if f.type == "DType"}
                     dtype_only = all(f["field"].endswith(".dtype") or f["field"] in dtype_attrs for f in fields)
                     out.append({"change": "changed", "a": i, "b": j, "op": short_name(rec.op), "dtype_only": dtype_only,
                                 "fields": fields, "module_path": rec.provenance.module_path})

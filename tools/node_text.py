@@ -17,27 +17,21 @@ import numpy as np
 
 from mlxgraph.schema.dtypes import dtype_info, is_known_code
 from mlxgraph.schema.records import Operand
-from mlxgraph.schema.spec import load_schema, op_codes, op_specs
+from mlxgraph.schema.spec import load_schema, op_spec
 
 INPUT_ROLES = ("in", "value_in")
 OUTPUT_ROLES = ("out", "value_out")
 
 
 @cache
-def spec_of(op: str):
-    """The OpSpec of an op table name ('LinearNode')."""
-    return op_specs()[op_codes()[op]]
-
-
-@cache
 def short_name(op: str) -> str:
     """'LinearNode' -> 'Linear'."""
-    return spec_of(op).short_name
+    return op_spec(op).short_name
 
 
 @cache
 def _fields(op: str) -> tuple:
-    return tuple(f for f in spec_of(op).table.fields if "deprecated" not in f.attributes)
+    return tuple(f for f in op_spec(op).table.fields if "deprecated" not in f.attributes)
 
 
 def node_fields(record):
@@ -88,10 +82,12 @@ class SlotNames:
         self.values = list(graph.values)
 
     def tensor(self, slot) -> str:
+        """A tensor slot reference, ``%slot:name`` (``?`` for a slot the graph lacks)."""
         name = self.tensors[slot] if 0 <= slot < len(self.tensors) else "?"
         return f"%{slot}:{name}"
 
     def value(self, slot) -> str:
+        """A value slot reference, ``$slot:name`` (``?`` for a slot the graph lacks)."""
         name = self.values[slot] if 0 <= slot < len(self.values) else "?"
         return f"${slot}:{name}"
 

@@ -61,15 +61,6 @@ def _finite_max_abs(x: np.ndarray) -> float:
     return float(ax.max()) if ax.size else 0.0
 
 
-def errors_numpy(a: np.ndarray, b: np.ndarray) -> tuple:
-    """(max_abs, max_rel) of two same-shaped float arrays (see the module docstring)."""
-    a, b = np.asarray(a), np.asarray(b)
-    if a.size == 0:
-        return 0.0, 0.0
-    m = max_abs_diff(a, b)
-    return m, relative(m, _finite_max_abs(a))
-
-
 def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
     """max |a - b| with the NaN/infinity rules of the module docstring."""
     with np.errstate(invalid="ignore", over="ignore"):

@@ -1,7 +1,8 @@
-"""Shared plumbing of the tools: opening graph files, errors, JSON and number printing."""
+"""Shared plumbing of the tools: opening graph files, errors, token ids, JSON and number printing."""
 
 import json
 import math
+import resource
 import sys
 
 from mlxgraph.schema.errors import GraphFormatError
@@ -49,7 +50,7 @@ def version_string(graph) -> str:
 
 
 def json_header(graphs: dict) -> dict:
-    """The keys every --json document starts with.
+    """The keys every --json document starts with, for the graph files a command read.
 
     Args:
         graphs: {'file': g} for one file, {'a': ga, 'b': gb} for two.
@@ -58,8 +59,65 @@ def json_header(graphs: dict) -> dict:
         format_version is the file's 'major.minor', with two it is {'a': ..., 'b': ...}.
     """
     versions = {k: version_string(g) for k, g in graphs.items()}
-    fv = versions["file"] if list(versions) == ["file"] else versions
-    return {"format_version": fv, "json_version": JSON_VERSION, "tool_format_version": format_version()}
+    return json_header_for(versions["file"] if list(versions) == ["file"] else versions)
+
+
+def json_header_for(version) -> dict:
+    """The keys every --json document starts with, given the format version to report.
+
+    Args:
+        version: the file's 'major.minor', {'a': ..., 'b': ...} for two files, or None when
+            the file's version cannot be read.
+    """
+    return {"format_version": version, "json_version": JSON_VERSION, "tool_format_version": format_version()}
+
+
+def parse_ids(text: str) -> list:
+    """Token ids from ``--prompt-ids``: '1, 2,3' -> [1, 2, 3].
+
+    Raises:
+        ToolError: an entry is not an integer or is negative, or there is none.
+    """
+    ids = []
+    for part in text.replace(" ", "").split(","):
+        if part == "":
+            continue
+        try:
+            ids.append(int(part))
+        except ValueError:
+            raise ToolError(f"--prompt-ids: {part!r} is not an integer") from None
+        if ids[-1] < 0:
+            raise ToolError(f"--prompt-ids: token ids are non-negative, got {ids[-1]}")
+    if not ids:
+        raise ToolError("--prompt-ids: no token ids given")
+    return ids
+
+
+def check_vocab(ids, vocab_size: int, path) -> None:
+    """Check token ids against a graph's vocabulary (0 = unknown size, not checked).
+
+    Raises:
+        ToolError: an id is outside [0, vocab_size); names the graph file.
+    """
+    bad = [t for t in ids if t < 0 or (vocab_size and t >= vocab_size)]
+    if bad:
+        raise ToolError(f"{path}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size in bytes.
+
+    VmHWM belongs to this process image; ru_maxrss (the fallback off Linux) carries over
+    the parent's peak across fork + exec, so a large parent (a test runner) inflates it.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 
 
 def _jsonable(x):

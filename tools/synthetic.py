@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlxgraph.schema.records import LayerCacheInfo, ModelInfo, Operand, Provenance
-from mlxgraph.schema.spec import op_codes, op_specs
+from mlxgraph.schema.spec import op_spec
 from mlxgraph.schema.writer import GraphWriter
 
 
@@ -82,7 +82,7 @@ class GraphSpec:
 
 
 def _resolve(op, fields, tmap, vmap) -> dict:
-    spec = op_specs()[op_codes()[op]]
+    spec = op_spec(op)
     out = {}
     for f in spec.table.fields:
         if f.name not in fields:

@@ -106,9 +106,11 @@ class StreamDecoder:
     """Turns tokens into text as they come: ``add(id) -> new text`` and ``flush() -> rest``."""
 
     def add(self, token: int) -> str:  # pragma: no cover - interface
+        """Take the next token; returns the text it completes ('' while a character is partial)."""
         raise NotImplementedError
 
     def flush(self) -> str:  # pragma: no cover - interface
+        """The text still held back, at the end of the stream."""
         raise NotImplementedError
 
 

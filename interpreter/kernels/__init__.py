@@ -12,7 +12,7 @@ them for a list output. Kernels never force an evaluation.
 from dataclasses import dataclass
 from importlib import import_module
 
-from mlxgraph.schema.spec import op_codes, op_specs
+from mlxgraph.schema.spec import op_spec
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def register(op: str, needs_context: bool = False):
     Raises:
         KeyError: the schema has no such op.
     """
-    name = op_specs()[op_codes()[op]].name
+    name = op_spec(op).name
 
     def wrap(fn):
         KERNELS[name] = Kernel(name, fn, needs_context)
@@ -54,12 +54,9 @@ _loaded = False
 
 
 def _load_all():
+    """Import every kernel module once (each registers its kernels on import)."""
     global _loaded
     if not _loaded:
         for m in _MODULES:
-            try:
-                import_module(f"{__name__}.{m}")
-            except ModuleNotFoundError as e:
-                if e.name != f"{__name__}.{m}":
-                    raise
+            import_module(f"{__name__}.{m}")
         _loaded = True

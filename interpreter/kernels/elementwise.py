@@ -122,6 +122,18 @@ def mul(a, b, out=None):
     return mx.multiply(a, b)
 
 
+def _half_result(a, b):
+    """float16 or bfloat16 when ``a op b`` has that dtype (weak literals keep it), else None."""
+    arrays = [v for v in (a, b) if isinstance(v, mx.array)]
+    dtype = mx.result_type(*arrays) if arrays else None
+    return dtype if dtype in (mx.float16, mx.bfloat16) else None
+
+
+def _f32(v):
+    """A half-precision array as float32; other arrays and Python numbers as they are."""
+    return v.astype(mx.float32) if isinstance(v, mx.array) and v.dtype in (mx.float16, mx.bfloat16) else v
+
+
 _ROUNDING = {
     None: None, RoundingMode.none: None, RoundingMode.trunc: "trunc", RoundingMode.floor: "floor",
     "none": None, "trunc": "trunc", "floor": "floor",
@@ -144,7 +156,12 @@ def div(a, b, out=None, rounding=RoundingMode.none):
     if mode is None:
         return mx.divide(a, b)
     if mode == "floor":
-        return mx.floor_divide(a, b)
+        half = _half_result(a, b)
+        if half is None:
+            return mx.floor_divide(a, b)
+        # torch floors half floats' quotient in float32: one just below an integer must not
+        # round up to it in half precision first. (Its trunc rounds first, as MLX does.)
+        return mx.floor_divide(_f32(a), _f32(b)).astype(half)
     if _is_float(a) or _is_float(b):
         return mx.trunc(mx.divide(a, b))
     # Integer truncation: floor, plus one where the division is inexact and the signs differ.
