@@ -130,7 +130,7 @@ class Program:
             if a.dtype != want:
                 a = a.view(want)  # bfloat16 is stored as its uint16 bit pattern
             constants[c.tensor] = a
-        _release_mapped_constants(graph)
+            _release_mapped_pages(graph.data, c.offset, c.length)
         nodes = [_resolve(i, r, tensor_dtypes, graph.path) for i, r in enumerate(graph.nodes)]
         layers = _layer_geometry(graph, nodes)
         return cls(graph, constants, nodes, layers)
@@ -152,19 +152,19 @@ class Program:
         return f"Program({name}: {len(self.nodes)} nodes, {len(self.layers)} attention layers)"
 
 
-def _release_mapped_constants(graph) -> None:
-    """Drop the mapped constant pages once MLX holds its own copy of the weights.
+def _release_mapped_pages(data, offset: int, length: int) -> None:
+    """Drop a constant's mapped pages once MLX holds its own copy of it.
 
-    mx.array copies from the mapping, so without this the weights stay resident twice
-    (the file's clean pages plus MLX's buffers) until the kernel reclaims the pages.
-    The mapping stays valid: tools that read a constant again fault its pages back in.
+    mx.array copies from the mapping; without this the weights would be resident twice
+    (the file's clean pages plus MLX's buffers), and releasing each constant right after
+    its copy keeps the peak near one copy. The mapping stays valid: a later read of the
+    constant (tools) faults its pages back in from the file.
     """
-    data = graph.data
-    if not isinstance(data, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+    if not isinstance(data, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED") or length == 0:
         return
-    start = align_up(graph.root.SegmentOffset() or 0, mmap.PAGESIZE)
-    if start < len(data):
-        data.madvise(mmap.MADV_DONTNEED, start, len(data) - start)
+    start = offset - offset % mmap.PAGESIZE
+    end = min(align_up(offset + length, mmap.PAGESIZE), len(data))
+    data.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 def _layer_geometry(graph, nodes) -> dict:
