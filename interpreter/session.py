@@ -58,17 +58,24 @@ class Session:
         meta = program.metadata
         self.capacity = int(capacity or meta.max_context or DEFAULT_CAPACITY)
         if self.capacity <= 0:
-            raise SessionError(f"capacity must be positive, got {capacity}")
+            raise self._fail(f"capacity must be positive, got {capacity}")
         try:
             self.kv_dtype = to_mx_dtype(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
         except KeyError:
-            raise SessionError(f"kv_dtype {kv_dtype!r} is not a dtype name (float32, float16, bfloat16)") from None
+            raise self._fail(f"kv_dtype {kv_dtype!r} is not a dtype name (float32, float16, bfloat16)") from None
+        if max_step is not None and int(max_step) < 1:
+            raise self._fail(f"max_step must be at least 1, got {max_step}")
         self.max_step = int(max_step or min(self.capacity, 512))
         self._windows = self._window_per_layer(windows)
         self._preallocate = preallocate
         self.stores = {}
         self.reset()
         self._input_plan = self._plan_inputs()
+
+    def _fail(self, reason: str) -> SessionError:
+        """A SessionError naming the graph file."""
+        path = self.program.path
+        return SessionError(f"{path if path else '<bytes>'}: {reason}")
 
     def _window_per_layer(self, windows) -> dict:
         layers = self.program.layers
@@ -78,7 +85,7 @@ class Session:
             return dict.fromkeys(layers, windows)
         unknown = set(windows) - set(layers)
         if unknown:
-            raise SessionError(f"windows names layers {sorted(unknown)}, the graph has {sorted(layers)}")
+            raise self._fail(f"windows names layers {sorted(unknown)}, the graph has {sorted(layers)}")
         return {lid: windows.get(lid, lc.sliding_window) for lid, lc in layers.items()}
 
     def _plan_inputs(self):
@@ -127,7 +134,7 @@ class Session:
         """
         n = int(n)
         if n < 0 or n > self._length:
-            raise SessionError(f"trim({n}): must be between 0 and the length {self._length}")
+            raise self._fail(f"trim({n}): must be between 0 and the length {self._length}")
         if n == 0:
             return self._length
         # Check every store can rewind before changing any of them.
@@ -186,10 +193,10 @@ class Session:
                 positions = np.array(positions)
             pos = [int(p) for p in np.asarray(positions).reshape(-1)]
         if not pos:
-            raise SessionError("a step needs at least one token")
+            raise self._fail("a step needs at least one token")
         want = list(range(self._length, self._length + len(pos)))
         if pos != want:
-            raise SessionError(
+            raise self._fail(
                 f"positions {pos[0]}..{pos[-1]} disagree with the cache: the next step must start at "
                 f"position {self._length} and be consecutive"
             )
@@ -199,23 +206,23 @@ class Session:
         bound = {}
         for name, slot, dtype, dims in self._input_plan:
             if name not in given:
-                raise SessionError(f"the graph needs input {name!r}; step() gives tokens and positions")
+                raise self._fail(f"the graph needs input {name!r}; step() gives tokens and positions")
             arr = given[name]
             arr = arr if isinstance(arr, mx.array) else mx.array(np.asarray(arr))
             if dtype is not None and arr.dtype != dtype:
                 arr = arr.astype(dtype)
             if arr.ndim != len(dims):
-                raise SessionError(f"input {name}: expected {len(dims)} dims, got shape {tuple(arr.shape)}")
+                raise self._fail(f"input {name}: expected {len(dims)} dims, got shape {tuple(arr.shape)}")
             for axis, d in dims:
                 size = arr.shape[axis]
                 if isinstance(d, int):
                     if size != d:
-                        raise SessionError(f"input {name}: axis {axis} must be {d}, got {size}")
+                        raise self._fail(f"input {name}: axis {axis} must be {d}, got {size}")
                     continue
                 if size < d.min or (d.max is not None and size > d.max):
-                    raise SessionError(f"input {name}: {d.name}={size} outside the graph's bounds [{d.min}, {d.max}]")
+                    raise self._fail(f"input {name}: {d.name}={size} outside the graph's bounds [{d.min}, {d.max}]")
                 if bound.setdefault(d.name, size) != size:
-                    raise SessionError(f"input {name}: {d.name}={size} disagrees with {bound[d.name]} from another input")
+                    raise self._fail(f"input {name}: {d.name}={size} disagrees with {bound[d.name]} from another input")
                 if d.value is not None:
                     values[d.value] = size
             tensors[slot] = arr

@@ -10,10 +10,11 @@ reported, with the median alongside.
 
 import argparse
 import json
-import resource
 import statistics
 import sys
 import time
+
+from mlxgraph.tools.output import peak_rss_bytes
 
 RESULT_PREFIX = "RESULT "
 
@@ -69,19 +70,6 @@ def run_all(generate_once, args) -> dict:
         "runs_agree": all(r.tokens == runs[0].tokens for r in runs),
         "peak_rss_bytes": rss,
     }
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set. VmHWM belongs to the process image, while
-    ru_maxrss carries over the parent's peak across fork + exec."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 
 
 def emit(doc: dict) -> None:
