@@ -23,13 +23,37 @@ import mlx.core as mx
 
 from mlxgraph.interpreter.attention import attend
 from mlxgraph.interpreter.kv_cache import CachePolicy, LayerGeometry, make_store
+from mlxgraph.schema.format import format_version
+from mlxgraph.tools.output import json_header_for
 
 CONTEXTS = (256, 1024, 4096, 8192)
 B, HKV, HQ, D = 1, 8, 32, 64
 SCALE = D**-0.5
 
 
-class Flat:
+class Cache:
+    """What every compared cache does; one decode step is ``step`` then ``trim``."""
+
+    name = ""
+
+    def step(self, q, k, v) -> list:
+        """Write one step's k/v and attend q over the history; returns the arrays to evaluate."""
+        raise NotImplementedError
+
+    def write(self, k, v) -> list:
+        """Write only; returns the arrays to evaluate."""
+        raise NotImplementedError
+
+    def trim(self) -> None:
+        """Drop the last token."""
+        raise NotImplementedError
+
+    def bytes_per_token(self) -> float:
+        """Bytes held per cached token."""
+        raise NotImplementedError
+
+
+class Flat(Cache):
     """mlxgraph's store: staged write, commit, fused-mask attention."""
 
     def __init__(self, dtype, capacity: int, preallocate: bool):
@@ -38,27 +62,23 @@ class Flat:
         self.store = make_store(LayerGeometry(0, HKV, D, D, 0), policy)
 
     def step(self, q, k, v):
-        """Write one step and attend; returns the arrays to evaluate."""
         out = attend(q, *self.store.update(k, v), SCALE, q.dtype)
         self.store.commit()
         return [out]
 
     def write(self, k, v):
-        """Write only; returns the arrays to evaluate."""
         self.store.update(k, v)
         self.store.commit()
         return list(self.store.state)
 
     def trim(self):
-        """Drop the last token."""
         self.store.trim(1)
 
     def bytes_per_token(self):
-        """Bytes held per cached token."""
         return self.store.bytes_per_token
 
 
-class Naive:
+class Naive(Cache):
     """Concatenate the new token onto the history every step (a copy of everything)."""
 
     name = "naive-concat"
@@ -89,7 +109,7 @@ class Naive:
         return (self.keys.nbytes + self.values.nbytes) / self.keys.shape[2]
 
 
-class MlxLm:
+class MlxLm(Cache):
     """mlx-lm's KVCache (grows in 256-token chunks, writes in place)."""
 
     name = "mlx-lm KVCache"
@@ -202,7 +222,8 @@ def main() -> None:
     }
     rows = [r for c in CONTEXTS for r in measure(c, dtype, args.reps, args.warmup)]
     if args.json:
-        print(json.dumps({"config": config, "rows": rows}, indent=2))
+        print(json.dumps({**json_header_for(format_version()), "benchmark": "cache", "config": config, "rows": rows},
+                         indent=2))
         return
     print(
         f"decode step = write 1 token's k/v + attend 1 query, evaluated; B={B} Hkv={HKV} "

@@ -30,6 +30,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 from mlxgraph.exporter import export  # noqa: E402
 from mlxgraph.exporter.builtins import build_model, builtin_model  # noqa: E402
 from mlxgraph.schema.format import format_version  # noqa: E402
+from mlxgraph.tools.output import json_header_for  # noqa: E402
 
 # ~150M parameters: 12 layers of hidden 768, untied 32k vocabulary (as a small Llama).
 LARGE = dict(vocab_size=32000, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
@@ -79,10 +80,12 @@ def main(argv=None) -> int:
         work = Path(tmp)
         rows.append(measure("tiny-llama", builtin_model("tiny-llama"), work, args.dtype, args.max_seq_len))
         if not args.skip_large:
-            large = build_model(LlamaConfig(**LARGE), seed=0)
-            rows.append(measure("llama-150m", large, work, args.dtype, args.max_seq_len))
+            # Built inline, not bound to a name here: measure() drops the only reference
+            # before exporting, so the two copies of 150M parameters never coexist.
+            rows.append(measure("llama-150m", build_model(LlamaConfig(**LARGE), seed=0), work, args.dtype,
+                                args.max_seq_len))
     if args.json:
-        print(json.dumps({"format_version": format_version(), "benchmark": "export",
+        print(json.dumps({**json_header_for(format_version()), "benchmark": "export",
                           "machine": platform.machine(), "torch": torch.__version__, "results": rows}, indent=2))
         return 0
     print(f"{'model':<12} {'params':>12} {'safetensors':>12} {'.mlxg':>12} {'size x':>7} "

@@ -27,6 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from mlxgraph.schema.format import format_version
+from mlxgraph.tools.output import json_header_for
+
 ROOT = Path(__file__).resolve().parent.parent
 ENGINES = Path(__file__).resolve().parent / "engines"
 SIZES = {
@@ -213,7 +216,7 @@ def main(argv=None) -> int:
     bandwidth = measure_bandwidth()
     reports = [bench_size(s, workdir, args.prompt_tokens, args.new_tokens, args.runs, args.rounds, bandwidth, log)
                for s in sizes]
-    doc = {"format_version": 1, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
+    doc = {**json_header_for(format_version()), "benchmark": "generate", "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
            "runs": args.runs, "rounds": args.rounds, "bandwidth": bandwidth, "cpus": os.cpu_count(),
            "load_average": [load_before, os.getloadavg()[0]], "sizes": reports}
     if args.json:

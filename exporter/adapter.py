@@ -47,20 +47,21 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     position = getattr(_state, "position", None)
     if position is None:
         raise AdapterError("the mlxgraph attention runs only inside DecoderAdapter.forward")
-    if kwargs.get("softcap") is not None:
-        raise AdapterError(f"{type(module).__name__}: attention logit softcapping is not supported")
-    if attention_mask is not None:
-        raise AdapterError(f"{type(module).__name__}: an explicit attention mask is not supported")
     layer_id = getattr(module, "layer_idx", None)
     if layer_id is None:
         raise AdapterError(f"{type(module).__name__} has no layer_idx to key its cache by")
     layer_id = int(layer_id)
+    where = f"layer {layer_id} ({type(module).__name__})"
+    if kwargs.get("softcap") is not None:
+        raise AdapterError(f"{where}: attention logit softcapping is not supported")
+    if attention_mask is not None:
+        raise AdapterError(f"{where}: an explicit attention mask is not supported")
     window = int(kwargs.get("sliding_window") or 0)
     scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
     info = LayerCacheInfo(layer_id, int(key.shape[1]), int(key.shape[-1]), int(value.shape[-1]), window)
     seen = _state.layers.setdefault(layer_id, info)
     if seen != info:
-        raise AdapterError(f"layer {layer_id} is called twice with different cache geometry: {seen} vs {info}")
+        raise AdapterError(f"{where} is called twice with different cache geometry: {seen} vs {info}")
     reference_cache.windows[layer_id] = window
     out = torch.ops.mlxgraph.update_and_attend(query, key, value, position, layer_id, scale, None)
     return out.transpose(1, 2), None
@@ -75,6 +76,11 @@ class DecoderAdapter(torch.nn.Module):
     Args:
         model: a transformers ``*ForCausalLM`` in eval mode; its attention implementation
             is switched to ``mlxgraph``.
+
+    A model whose attention does not go through transformers' AttentionInterface keeps
+    its own; ``layer_infos()`` then stays empty after a forward, which export() reports.
+    (transformers' ``is_backend_compatible()`` flag cannot decide this up front: some
+    models that do use the interface, e.g. StableLM, leave it False.)
     """
 
     def __init__(self, model):

@@ -3,8 +3,9 @@
 Each pass finds one pattern that decompositions spread over many ATen nodes and replaces
 it with one node whose lowering emits one fused graph node:
 
-- linear: ``view(x, [N, in]) -> mm/addmm(., permute(W, [1, 0])) -> view(., [..., out])``
-  becomes ``aten.linear(x, W, b)`` (a LinearNode on x's own shape, no reshapes);
+- linear: ``mm/addmm(x, permute(W, [1, 0]))`` of a constant W becomes ``aten.linear(x, W, b)``
+  (a LinearNode reading W as torch stores it), and with the flattening ``view``s around
+  it, a LinearNode on x's own shape with no reshapes;
 - silu: ``x * sigmoid(x)`` becomes ``aten.silu(x)``;
 - rms_norm: Hugging Face's RMSNorm (optional float32 upcast, ``x * rsqrt(mean(x^2) + eps)``,
   optional cast back, times ``weight`` or ``(weight + offset)``) becomes :func:`fused_rms_norm`;
@@ -68,7 +69,12 @@ def _static_shape(node):
 
 
 def fuse_linear(graph, constants) -> int:
-    """view -> mm/addmm(permute(W)) -> view as one aten.linear on the unflattened input."""
+    """x @ W.T (+ b) of a constant weight as one aten.linear.
+
+    ``mm/addmm(flat, permute(W, [1, 0]))`` becomes ``linear(flat, W)``; when ``flat`` is
+    a flattening view whose product is viewed back to the same leading dims, the linear
+    reads the unflattened input and both views go too.
+    """
     count = 0
     for mm in list(graph.nodes):
         if not _is(mm, aten.mm.default, aten.addmm.default):
@@ -78,19 +84,20 @@ def fuse_linear(graph, constants) -> int:
             if mm.kwargs.get("alpha", 1) != 1 or mm.kwargs.get("beta", 1) != 1:
                 continue
             bias, flat, wt = mm.args
+            if len(bias.meta["val"].shape) != 1:
+                continue
         else:
             flat, wt = mm.args
-        if not (_is(flat, aten.view.default) and _is(wt, aten.permute.default) and list(wt.args[1]) == [1, 0]
-                and wt.args[0] in constants and _only_user(flat) is mm):
+        if not (_is(wt, aten.permute.default) and list(wt.args[1]) == [1, 0] and wt.args[0] in constants):
             continue
+        x, last, dead = flat, mm, [wt]
         back = _only_user(mm)
-        if not _is(back, aten.view.default):
-            continue
-        x = flat.args[0]
-        if _static_shape(back)[:-1] != _static_shape(x)[:-1] or len(_static_shape(x)) < 2:
-            continue
+        if _is(flat, aten.view.default) and _only_user(flat) is mm and _is(back, aten.view.default):
+            inner = flat.args[0]
+            if len(_static_shape(inner)) >= 2 and _static_shape(back)[:-1] == _static_shape(inner)[:-1]:
+                x, last, dead = inner, back, [mm, flat, wt]
         args = [x, wt.args[0]] + ([bias] if bias is not None else [])
-        _replace(graph, back, aten.linear.default, args, [mm, flat, wt])
+        _replace(graph, last, aten.linear.default, args, dead)
         count += 1
     return count
 

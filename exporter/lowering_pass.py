@@ -17,6 +17,7 @@ from mlxgraph.exporter.diagnostics import Problem, UnsupportedOpsError, module_p
 from mlxgraph.exporter.fusions import run_fusions
 from mlxgraph.exporter.lowerings import LoweringError, lowerings
 from mlxgraph.exporter.symbolic_exprs import SymbolTable
+from mlxgraph.schema.dtypes import dtype_info
 from mlxgraph.schema.records import Operand, Provenance
 
 TORCH_DTYPES = {
@@ -53,6 +54,15 @@ def torch_dtype_name(dtype) -> str:
         raise LoweringError(f"dtype {dtype} has no graph dtype") from None
 
 
+def torch_dtype_code(dtype) -> int:
+    """The graph format's DType code of a torch dtype (for the ``dtype`` fields of nodes).
+
+    Raises:
+        LoweringError: a dtype the format has no code for.
+    """
+    return dtype_info(torch_dtype_name(dtype)).code
+
+
 class LoweringContext:
     """What a lowering sees: the node being lowered, slots of its inputs, and the writer."""
 
@@ -62,7 +72,6 @@ class LoweringContext:
         self.symbols = symbols
         self.env = {}
         self.node = None
-        self.constant_slots = set()   # tensor slots filled by constants (weights, buffers)
 
     # ------------------------------------------------------------------ reading inputs
     def lookup(self, arg):
@@ -162,14 +171,12 @@ def _constant_array(tensor: torch.Tensor):
     return t.numpy(), name
 
 
-def lower_program(ep, writer, input_names: dict | None = None, output_names=("logits",),
-                  strip_prefix: str = "model.", fuse: bool = True) -> dict:
+def lower_program(ep, writer, output_names=("logits",), strip_prefix: str = "model.", fuse: bool = True) -> dict:
     """Lower an exported program into ``writer``.
 
     Args:
         ep: a torch.export.ExportedProgram, already run through run_decompositions().
         writer: the GraphWriter to fill.
-        input_names: {user input placeholder name: graph input name}; default same names.
         output_names: graph names of the program's outputs, in order.
         strip_prefix: dropped from constant and module names (the adapter's attribute).
         fuse: first rewrite known patterns into fused nodes (exporter/fusions.py; changes ep).
@@ -177,52 +184,61 @@ def lower_program(ep, writer, input_names: dict | None = None, output_names=("lo
         {'symbols': {name: value slot}, 'fusions': {pattern: count}}.
     Raises:
         UnsupportedOpsError: ops without a lowering, or that a lowering cannot express.
+        ValueError: the program has another number of outputs than ``output_names``.
     """
     fusions = run_fusions(ep) if fuse else {}
-    table = lowerings()
     symbols = SymbolTable(writer, ep.range_constraints)
     ctx = LoweringContext(writer, symbols, strip_prefix)
     sig = {s.arg.name: s for s in ep.graph_signature.input_specs}
     problems = []
     user_inputs = [n for n in ep.graph.nodes if n.op == "placeholder" and sig[n.name].kind == InputKind.USER_INPUT]
     symbols.declare_from_inputs([(n.name, n.meta["val"]) for n in user_inputs])
+    table = lowerings()
     for n in ep.graph.nodes:
         ctx.node = n
         if n.op == "placeholder":
-            spec = sig[n.name]
-            if spec.kind in _CONSTANT_KINDS:
-                if not n.users:
-                    continue  # an unused buffer costs file bytes for nothing
-                tensor = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
-                arr, dtype = _constant_array(tensor)
-                name = spec.target[len(strip_prefix):] if spec.target.startswith(strip_prefix) else spec.target
-                slot = writer.add_constant(name, arr, dtype)
-                ctx.constant_slots.add(slot)
-                ctx.env[n] = Slot(slot)
-            elif spec.kind == InputKind.USER_INPUT:
-                name = (input_names or {}).get(n.name, n.name)
-                slot = ctx.new_tensor(name=name)
-                writer.add_input(name, slot)
-                ctx.env[n] = Slot(slot)
-            else:
-                problems.append(Problem(f"input kind {spec.kind.name}", n.name, "<signature>", "not supported"))
-                ctx.env[n] = POISON
+            ctx.env[n] = _lower_placeholder(ctx, ep, sig[n.name], problems)
         elif n.op == "call_function":
             ctx.env[n] = _lower_node(ctx, table, n, problems)
         elif n.op == "output":
-            outs = n.args[0]
-            if len(outs) != len(output_names):
-                raise ValueError(f"the program has {len(outs)} outputs, expected {len(output_names)}")
-            for name, arg in zip(output_names, outs, strict=True):
-                v = ctx.lookup(arg)
-                if isinstance(v, Slot):
-                    writer.add_output(name, v.index)
+            _lower_outputs(ctx, n, output_names, problems)
         else:
             problems.append(Problem(f"fx op {n.op}", n.name, source_location(n, strip_prefix), "not supported"))
             ctx.env[n] = POISON
     if problems:
         raise UnsupportedOpsError(problems)
     return {"symbols": symbols.names(), "fusions": fusions}
+
+
+def _lower_placeholder(ctx, ep, spec, problems):
+    """A parameter, buffer or constant becomes a constant slot; a user input a graph input."""
+    n, prefix = ctx.node, ctx.strip_prefix
+    if spec.kind in _CONSTANT_KINDS:
+        if not n.users:
+            return None  # an unused buffer costs file bytes for nothing
+        tensor = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
+        arr, dtype = _constant_array(tensor)
+        name = spec.target[len(prefix):] if spec.target.startswith(prefix) else spec.target
+        return Slot(ctx.writer.add_constant(name, arr, dtype))
+    if spec.kind == InputKind.USER_INPUT:
+        slot = ctx.new_tensor(name=n.name)
+        ctx.writer.add_input(n.name, slot)
+        return Slot(slot)
+    problems.append(Problem(f"input kind {spec.kind.name}", n.name, "<signature>", "not supported"))
+    return POISON
+
+
+def _lower_outputs(ctx, n, output_names, problems) -> None:
+    outs = n.args[0]
+    if len(outs) != len(output_names):
+        raise ValueError(f"the program has {len(outs)} outputs, expected {len(output_names)} ({', '.join(output_names)})")
+    for name, arg in zip(output_names, outs, strict=True):
+        v = ctx.lookup(arg)
+        if isinstance(v, Slot):
+            ctx.writer.add_output(name, v.index)
+        elif v is not POISON:  # a poisoned output is a consequence, already reported
+            where = source_location(arg, ctx.strip_prefix) if isinstance(arg, torch.fx.Node) else "<output>"
+            problems.append(Problem(f"output {name}", n.name, where, f"is not a tensor ({v!r})"))
 
 
 def _inputs_poisoned(ctx, n) -> bool:
@@ -234,16 +250,19 @@ def _inputs_poisoned(ctx, n) -> bool:
 def _lower_node(ctx, table, n, problems):
     fn = table.get(n.target)
     if fn is None:
-        problems.append(Problem(_target_name(n.target), n.name, source_location(n, ctx.strip_prefix), "no lowering"))
-        return POISON
-    if _inputs_poisoned(ctx, n):
+        reason = "no lowering"
+    elif _inputs_poisoned(ctx, n):
         return POISON  # a consequence of an earlier problem, already reported
-    try:
-        return fn(ctx, n)
-    except LoweringError as e:
-        problems.append(Problem(_target_name(n.target), n.name, source_location(n, ctx.strip_prefix), str(e)))
-        return POISON
+    else:
+        try:
+            return fn(ctx, n)
+        except LoweringError as e:
+            reason = str(e)
+        except Exception as e:  # a bug in a lowering: still one report, not a traceback
+            reason = f"internal error in its lowering, please report: {type(e).__name__}: {e}"
+    problems.append(Problem(_target_name(n.target), n.name, source_location(n, ctx.strip_prefix), reason))
+    return POISON
 
 
 __all__ = ["lower_program", "LoweringContext", "Slot", "UnsupportedOpsError", "Problem",
-           "torch_dtype_name", "source_location", "module_path"]
+           "torch_dtype_name", "torch_dtype_code", "source_location", "module_path"]

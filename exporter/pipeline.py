@@ -40,11 +40,15 @@ def load_model(model, dtype: str):
     """(model, source info) for a built-in name, a model folder, or a ready nn.Module.
 
     Raises:
-        ExportError: unknown name, not a model folder, or an unknown dtype.
+        ExportError: unknown name, not a model folder, a folder transformers cannot load,
+            a checkpoint that lacks weights, a module that is not a transformers model, or
+            an unknown dtype.
     """
     if dtype not in DTYPES:
         raise ExportError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if isinstance(model, torch.nn.Module):
+        if not hasattr(model, "set_attn_implementation"):
+            raise ExportError(f"{type(model).__name__} is not a transformers model (export takes a *ForCausalLM)")
         return model.eval().to(DTYPES[dtype]), {"source": type(model).__name__, "tokenizer": ""}
     name = str(model)
     if name in BUILTINS:
@@ -56,9 +60,16 @@ def load_model(model, dtype: str):
     from transformers import AutoModelForCausalLM
 
     try:
-        m = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype])
-    except (OSError, ValueError, KeyError) as e:
-        raise ExportError(f"{folder}: cannot load the model: {e}") from e
+        m, loading = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype], output_loading_info=True)
+    except Exception as e:  # config, weights, safetensors, missing code: all the folder's fault
+        raise ExportError(f"{folder}: cannot load the model: {type(e).__name__}: {e}") from e
+    # transformers fills what the checkpoint lacks with random weights and only logs it;
+    # a graph of partly random weights must not look like a successful export.
+    # (Weights of the wrong shape already fail the load.)
+    missing = sorted(loading.get("missing_keys", ()))
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ExportError(f"{folder}: the checkpoint lacks {len(missing)} weight(s): {shown}")
     has_tokenizer = any((folder / f).is_file() for f in _TOKENIZER_FILES)
     return m.eval(), {"source": str(folder.resolve()), "tokenizer": str(folder.resolve()) if has_tokenizer else ""}
 
@@ -72,7 +83,12 @@ def _token_ids(value) -> tuple:
 
 
 def model_info(model, adapter, source: dict, max_seq_len: int, dtype: str) -> ModelInfo:
-    """The graph's metadata from the model's config and the geometry its attention reported."""
+    """The graph's metadata from the model's config and the geometry its attention reported.
+
+    Args:
+        model: the ``*ForCausalLM``; adapter: its DecoderAdapter, after a traced forward;
+        source: load_model's source info; max_seq_len, dtype: the export's options.
+    """
     cfg = model.config
     gen = getattr(model, "generation_config", None)
     eos = _token_ids(getattr(cfg, "eos_token_id", None)) or _token_ids(getattr(gen, "eos_token_id", None))
@@ -94,10 +110,15 @@ def model_info(model, adapter, source: dict, max_seq_len: int, dtype: str) -> Mo
 
 
 def trace(adapter, max_seq_len: int):
-    """torch.export the adapter with a dynamic sequence length T in [1, max_seq_len]."""
-    example_t = 2 if max_seq_len >= 2 else 1
-    tokens = torch.zeros((1, example_t), dtype=INPUT_DTYPE)
-    positions = torch.arange(example_t, dtype=INPUT_DTYPE)
+    """torch.export the adapter with a dynamic sequence length T in [1, max_seq_len].
+
+    Raises:
+        AdapterError: the model's attention asked for something the graph op cannot do.
+        TraceError: torch.export failed (the first lines of its message).
+    """
+    # The example has T = 2: torch.export specializes a dimension traced at size 1.
+    tokens = torch.zeros((1, 2), dtype=INPUT_DTYPE)
+    positions = torch.arange(2, dtype=INPUT_DTYPE)
     seq = torch.export.Dim("T", min=1, max=max_seq_len)
     try:
         with torch.no_grad():
@@ -106,17 +127,28 @@ def trace(adapter, max_seq_len: int):
     except AdapterError:
         raise
     except Exception as e:
-        # torch's messages run to pages; the first lines name the problem.
-        head = "\n".join(str(e).strip().splitlines()[:6])
-        raise TraceError(f"torch.export failed: {type(e).__name__}: {head}") from e
+        raise TraceError(_first_lines("torch.export failed", e)) from e
+
+
+def _first_lines(what: str, e: Exception, n: int = 6) -> str:
+    # torch's messages run to pages; the first lines name the problem.
+    head = "\n".join(str(e).strip().splitlines()[:n])
+    return f"{what}: {type(e).__name__}: {head}"
 
 
 def decompose(ep):
-    """``ep.run_decompositions()`` (to core ATen), without torch's noise about its own API."""
+    """``ep.run_decompositions()`` (to core ATen), without torch's noise about its own API.
+
+    Raises:
+        TraceError: a decomposition failed (the first lines of torch's message).
+    """
     with warnings.catch_warnings():
         # torch's own pytree code warns about its own deprecated API while decomposing.
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-        return ep.run_decompositions()
+        try:
+            return ep.run_decompositions()
+        except Exception as e:
+            raise TraceError(_first_lines("run_decompositions failed", e)) from e
 
 
 def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, progress=None) -> dict:
@@ -134,17 +166,21 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
         stats: nodes, ops (histogram), constants, constant_bytes, file_bytes, seconds,
         timings per step, path.
     Raises:
-        ExportError: unknown model or option.
+        ExportError: unknown model or option (e.g. max_seq_len past the model's
+            max_position_embeddings), or an output path that cannot be written.
         AdapterError: the model's attention asks for something the graph op cannot do.
-        TraceError: torch.export failed on the model.
+        TraceError: torch.export or run_decompositions failed on the model.
         UnsupportedOpsError: ops without a lowering (all listed, with their sources).
     """
     progress = progress or _no_progress
-    if int(max_seq_len) < 2:
+    max_seq_len = int(max_seq_len)
+    if max_seq_len < 2:
         raise ExportError(f"max_seq_len must be at least 2, got {max_seq_len}")
     out_dir = Path(out_path).resolve().parent
     if not out_dir.is_dir():
         raise ExportError(f"{out_path}: the folder {out_dir} does not exist")
+    if Path(out_path).is_dir():
+        raise ExportError(f"{out_path}: is a folder, not a file to write")
     timings, t_start = {}, time.perf_counter()
 
     def step(name, fn):
@@ -155,24 +191,31 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
         return result
 
     m, source = step("loading", lambda: load_model(model, dtype))
+    limit = getattr(m.config, "max_position_embeddings", None)
+    if limit and max_seq_len > int(limit):
+        # Past it, learned position tables index out of range and rotary models leave the
+        # context they were trained for: the recorded max context would be a promise the
+        # model cannot keep.
+        raise ExportError(f"{source['source']}: max_seq_len {max_seq_len} exceeds the model's "
+                          f"max_position_embeddings {limit}; export with max_seq_len <= {limit}")
     previous = m.config._attn_implementation
     adapter = DecoderAdapter(m)
     try:
-        ep = step("torch.export", lambda: trace(adapter, int(max_seq_len)))
+        ep = step("torch.export", lambda: trace(adapter, max_seq_len))
     finally:
         if previous is not None:
             m.set_attn_implementation(previous)  # a caller's module is left as it was given
     if not adapter.layer_infos():
-        raise AdapterError(f"{source['source']}: no attention layer called the mlxgraph attention "
+        raise AdapterError(f"{type(m).__name__}: no attention layer called the mlxgraph attention "
                            "implementation (the model does not use transformers' AttentionInterface)")
     ep = step("decompositions", lambda: decompose(ep))
     writer = GraphWriter(producer=f"mlxgraph exporter (torch {torch.__version__})")
     lowered = step("lowering", lambda: lower_program(ep, writer, output_names=("logits",)))
-    writer.metadata = model_info(m, adapter, source, int(max_seq_len), dtype)
+    writer.metadata = model_info(m, adapter, source, max_seq_len, dtype)
     sizes = step("writing", lambda: writer.write(out_path))
     ops = Counter(n.op[:-4] if n.op.endswith("Node") else n.op for n in writer.nodes)
     return {
-        "path": str(out_path), "model": source["source"], "dtype": dtype, "max_seq_len": int(max_seq_len),
+        "path": str(out_path), "model": source["source"], "dtype": dtype, "max_seq_len": max_seq_len,
         "nodes": len(writer.nodes), "ops": dict(ops.most_common()), "tensors": len(writer.tensors),
         "constants": len(writer.constants), "constant_bytes": sizes["constant_bytes"],
         "file_bytes": sizes["bytes"], "parameters": sum(p.numel() for p in m.parameters()),

@@ -10,8 +10,15 @@ from conftest import tiny_hf_model
 from torch import nn
 
 import mlxgraph
-from mlxgraph.exporter import UnsupportedOpsError, export
-from mlxgraph.exporter.builtins import BUILTINS, BYTE_BOS, BYTE_EOS, builtin_model
+from mlxgraph.exporter import AdapterError, UnsupportedOpsError, export
+from mlxgraph.exporter.builtins import (
+    BUILTINS,
+    BYTE_BOS,
+    BYTE_EOS,
+    build_model,
+    builtin_model,
+    make_config,
+)
 from mlxgraph.schema.reader import open_graph
 from mlxgraph.tools.cli import main
 
@@ -66,7 +73,7 @@ def test_cli_summary_and_reduced_precision(tmp_path, capsys, tiny_hf_folder):
     path = tmp_path / "bf16.mlxg"
     assert main(["export", str(tiny_hf_folder("qwen2")), "-o", str(path), "--dtype", "bfloat16", "--max-seq-len", "16"]) == 0
     out, err = capsys.readouterr()
-    assert "nodes" in out and "constants" in out and "wrote" in out
+    assert out.startswith(f"wrote {path} (") and "nodes      " in out and "max T      16" in out
     for step in ("loading", "torch.export", "decompositions", "lowering", "writing"):
         assert step in err
     graph = open_graph(path)
@@ -85,6 +92,9 @@ def test_cli_summary_and_reduced_precision(tmp_path, capsys, tiny_hf_folder):
     (["export", "no-such-model", "-o", "{tmp}/x.mlxg"], 2, "unknown model 'no-such-model'"),
     (["export", "tiny-llama", "-o", "{tmp}/missing/x.mlxg"], 2, "does not exist"),
     (["export", "tiny-llama", "-o", "{tmp}/x.mlxg", "--max-seq-len", "1"], 2, "at least 2"),
+    (["export", "tiny-llama", "-o", "{tmp}/x.mlxg", "--max-seq-len", "4097"], 2,
+     "max_seq_len 4097 exceeds the model's max_position_embeddings 4096"),
+    (["export", "tiny-llama", "-o", "{tmp}"], 2, "is a folder"),
 ])
 def test_cli_errors_are_one_clear_message(tmp_path, capsys, argv, code, needle):
     assert main([a.format(tmp=tmp_path) for a in argv]) == code
@@ -110,3 +120,43 @@ def test_model_with_an_op_without_lowering_names_the_op_and_its_source(tmp_path)
     assert "test_exporter_cli.py" in message and "in forward" in message
     assert "model.layers.0.mlp.act_fn" in message and "model.layers.1.mlp.act_fn" in message
     assert not (tmp_path / "bad.mlxg").exists()
+
+
+def test_checkpoint_lacking_a_weight_is_refused(tmp_path, capsys, tiny_hf_folder):
+    from safetensors.torch import load_file, save_file
+
+    source = tiny_hf_folder("llama")
+    folder = tmp_path / "partial"
+    folder.mkdir()
+    (folder / "config.json").write_text((source / "config.json").read_text())
+    weights = load_file(source / "model.safetensors")
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    assert main(["export", str(folder), "-o", str(tmp_path / "x.mlxg")]) == 2
+    err = capsys.readouterr().err
+    assert f"{folder}: the checkpoint lacks 1 weight(s): model.layers.1.mlp.up_proj.weight" in err
+    assert not (tmp_path / "x.mlxg").exists()
+
+
+def test_model_whose_attention_cannot_be_replaced_is_refused(tmp_path):
+    # Falcon computes attention itself instead of through transformers' AttentionInterface.
+    model = build_model(make_config("falcon", num_hidden_layers=1, num_attention_heads=4, num_kv_heads=4,
+                                    new_decoder_architecture=True))
+    with pytest.raises(AdapterError, match="no attention layer called the mlxgraph attention"):
+        export(model, tmp_path / "falcon.mlxg", max_seq_len=16)
+
+
+def test_layer_norm_decoder_in_float16(tmp_path):
+    """Phi-2's family: LayerNorm, partial rotary, tanh GELU and biases, exported in float16."""
+    config = make_config("phi", num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                         num_key_value_heads=4, partial_rotary_factor=0.5)
+    tokens = torch.randint(4, 256, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = build_model(config).float()(tokens).logits[0].numpy()
+    stats = export(build_model(config), tmp_path / "phi.mlxg", dtype="float16", max_seq_len=16)
+    assert stats["ops"]["UpdateAndAttend"] == 2 and stats["ops"]["RmsNorm"] == 3  # 1 LayerNorm a layer + final
+    got = mlxgraph.load(tmp_path / "phi.mlxg").session().step(mx.array(tokens.numpy().astype(np.int32)), range(9))
+    assert got.dtype == mx.float16
+    got = np.array(got.astype(mx.float32))[0]
+    assert np.abs(got - want).max() < 0.01 * np.abs(want).max()   # float16: HF's own is ~2e-3 off float32
+    assert (got.argmax(-1) == want.argmax(-1)).all()

@@ -9,6 +9,7 @@ from torch import nn
 
 import mlxgraph
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
+from mlxgraph.exporter.lowerings import LOWERINGS, lowerings
 from mlxgraph.exporter.pipeline import decompose
 from mlxgraph.schema.reader import open_graph
 from mlxgraph.schema.writer import GraphWriter
@@ -69,7 +70,7 @@ class Zoo(nn.Module):
             torch.cat([x[..., -3:], x[..., :-3]], dim=-1), torch.cos(p) * torch.sin(x),
             x.amax(-1, keepdim=True).expand(1, x.shape[1], D), x.sum(-1, keepdim=True) + p,
             torch.remainder(p, 3.0).expand(-1, -1, D), torch.div(p, 2, rounding_mode="floor").expand(-1, -1, D),
-            torch.maximum(x, x.flip(-1) if False else -x) + torch.minimum(x, torch.zeros_like(x)),
+            torch.maximum(x, -x) + torch.minimum(x, torch.zeros_like(x)),
             (x[:, -1:] + x).clone().contiguous().detach(),
             torch.ones(1, x.shape[1], D) * torch.arange(x.shape[1]).float()[None, :, None],
         ]
@@ -95,11 +96,60 @@ class Windowed(nn.Module):
         flat = x.reshape(1, n * D).reshape(1, n, D)
         # Sizes that are expressions of T: SymArith nodes (n * 2 + 3, n // 2) and symbolic slices.
         ramp = (torch.arange(n * 2 + 3)[3:][::2] + torch.ones(n + 1)[1:] * (n // 2)).float()
-        return torch.cat([last, first, flat, x + ramp[None, :, None]], -1)
+        down = torch.arange(-n, 0).float()                  # a negated size: SymArith neg
+        return torch.cat([last, first, flat, x + ramp[None, :, None], x * down[None, :, None]], -1)
 
 
 def test_symbolic_slices_and_reshapes(tmp_path):
+    writer = _lower(Windowed().eval(), tmp_path / "win.mlxg")
+    assert sum(n.op == "SymArithNode" for n in writer.nodes) >= 3
     _check_runs_like_torch(Windowed().eval(), tmp_path / "win.mlxg", lengths=(1, 3, 16))
+
+
+class LayerNorms(nn.Module):
+    """nn.LayerNorm with weight and bias, with weight only, and without either, in ``dtype``."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(V, D)
+        self.full, self.no_bias, self.plain = nn.LayerNorm(D), nn.LayerNorm(D, bias=False), nn.LayerNorm(D, elementwise_affine=False)
+        for p in self.parameters():
+            nn.init.normal_(p)  # not the identity init, so weight and bias count
+        self.dtype = dtype
+        for norm in (self.full, self.no_bias, self.plain):
+            norm.to(dtype)
+
+    def forward(self, tokens, positions):
+        x = (self.emb(tokens) * 3 + 1).to(self.dtype)                # a mean and scale to remove
+        return torch.cat([self.full(x), self.no_bias(x), self.plain(x)], -1).float()
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+def test_layer_norm(tmp_path, dtype, tol):
+    writer = _lower(LayerNorms(dtype).eval(), tmp_path / "ln.mlxg")
+    ops = [n.op for n in writer.nodes]
+    assert ops.count("RmsNormNode") == 3 and ops.count("MeanNode") == 3
+    # float16 is normalized in float32 like torch's CPU kernel: only the output is rounded.
+    _check_runs_like_torch(LayerNorms(dtype).eval(), tmp_path / "ln2.mlxg", lengths=(1, 5), tol=tol)
+
+
+class Flat2D(nn.Module):
+    """A linear on a 2-D input: decomposes to addmm/mm with no flattening views around it."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, D)
+        self.proj, self.head = nn.Linear(D, D), nn.Linear(D, V, bias=False)
+
+    def forward(self, tokens, positions):
+        return self.head(self.proj(self.emb(tokens)[0]))
+
+
+def test_linear_on_a_matrix_is_one_linear_node(tmp_path):
+    writer = _lower(Flat2D().eval(), tmp_path / "flat.mlxg")
+    assert [n.op for n in writer.nodes] == ["EmbeddingNode", "SelectNode", "LinearNode", "LinearNode"]
+    _check_runs_like_torch(Flat2D().eval(), tmp_path / "flat2.mlxg", lengths=(1, 4))
 
 
 class Unsupported(nn.Module):
@@ -120,8 +170,21 @@ def test_unsupported_ops_are_all_listed_with_their_source(tmp_path):
     message = str(info.value)
     for target in ("aten.cumsum.default", "aten.sort.default", "aten.i0.default"):
         assert target in message
-    assert "test_exporter_lowering.py" in message and "line" in message
+    assert "test_exporter_lowering.py" in message and "in forward" in message
     assert len({p.target for p in info.value.problems}) == 3
+
+
+def test_a_failing_lowering_is_reported_like_an_unsupported_op(tmp_path, monkeypatch):
+    def broken(ctx, node):
+        raise KeyError("no such field")
+
+    lowerings()  # load the table first, so the patch is not overwritten by the first load
+    monkeypatch.setitem(LOWERINGS, torch.ops.aten.cumsum.default, broken)
+    with pytest.raises(UnsupportedOpsError) as info:
+        _lower(Unsupported(), tmp_path / "bad.mlxg")
+    (problem,) = [p for p in info.value.problems if p.target == "aten.cumsum.default"]
+    assert problem.reason == "internal error in its lowering, please report: KeyError: 'no such field'"
+    assert "test_exporter_lowering.py" in problem.location
 
 
 class Tied(nn.Module):

@@ -16,6 +16,7 @@ from conftest import TINY_ARCHS, tiny_hf_model
 
 import mlxgraph
 from mlxgraph.exporter import export
+from mlxgraph.interpreter.errors import SessionError
 from mlxgraph.schema.reader import open_graph
 
 PROMPT, DECODE, CHUNK, MAX_T = 17, 40, 5, 64
@@ -115,5 +116,5 @@ def test_any_step_length_up_to_max_without_reexport(case):
     for t in (1, 2, 31, MAX_T):
         got = np.array(program.session(capacity=128).step(_ids(tokens[:, :t].numpy()), range(t)))[0]
         assert _rel_err(got, want[:t]) < TOL, f"T={t}"
-    with pytest.raises(Exception, match="T=65"):
+    with pytest.raises(SessionError, match=r"T=65 outside the graph's bounds \[1, 64\]"):
         program.session(capacity=256).step(_ids(np.zeros(MAX_T + 1)), range(MAX_T + 1))

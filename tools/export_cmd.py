@@ -54,8 +54,6 @@ def run(args) -> int:
         if not args.json:
             print(f"[{time.perf_counter() - started:6.1f}s] {step}...", file=sys.stderr, flush=True)
 
-    if args.max_seq_len < 2:
-        return fail(f"export: --max-seq-len must be at least 2, got {args.max_seq_len}")
     try:
         stats = export(args.model, args.output, dtype=args.dtype, max_seq_len=args.max_seq_len, progress=progress)
     except ExportError as e:

@@ -17,7 +17,8 @@ from importlib import import_module
 
 LOWERINGS: dict = {}
 
-_MODULES = ("elementwise", "reductions", "linalg", "layout", "creation", "symbolic", "attention", "fused")
+_MODULES = ("elementwise", "reductions", "linalg", "layout", "creation", "symbolic", "attention", "fused",
+            "normalization")
 
 
 class LoweringError(Exception):

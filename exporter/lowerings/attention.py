@@ -3,9 +3,8 @@
 import torch
 
 from mlxgraph.exporter import attention_op  # noqa: F401  (registers the op with torch)
-from mlxgraph.exporter.lowering_pass import torch_dtype_name
+from mlxgraph.exporter.lowering_pass import torch_dtype_code
 from mlxgraph.exporter.lowerings import LoweringError, register
-from mlxgraph.schema.dtypes import dtype_info
 
 
 @register(torch.ops.mlxgraph.update_and_attend.default)
@@ -16,6 +15,6 @@ def update_and_attend(ctx, node):
     out_dtype = node.kwargs.get("out_dtype", out_dtype)
     if not isinstance(layer_id, int) or not isinstance(scale, int | float):
         raise LoweringError("layer_id and scale must be static numbers")
-    code = None if out_dtype is None else dtype_info(torch_dtype_name(out_dtype)).code
+    code = None if out_dtype is None else torch_dtype_code(out_dtype)
     return ctx.emit_out("UpdateAndAttend", q=ctx.slot(q), k=ctx.slot(k), v=ctx.slot(v),
                         position=ctx.slot(position), layer_id=layer_id, scale=float(scale), out_dtype=code)

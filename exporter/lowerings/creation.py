@@ -2,15 +2,14 @@
 
 import torch
 
-from mlxgraph.exporter.lowering_pass import torch_dtype_name
+from mlxgraph.exporter.lowering_pass import torch_dtype_code
 from mlxgraph.exporter.lowerings import LoweringError, register
-from mlxgraph.schema.dtypes import dtype_info
 
 aten = torch.ops.aten
 
 
 def _out_dtype(ctx, node) -> int:
-    return dtype_info(torch_dtype_name(ctx.val(node).dtype)).code
+    return torch_dtype_code(ctx.val(node).dtype)
 
 
 @register(aten.arange.start_step, aten.arange.start, aten.arange.default)

@@ -3,11 +3,9 @@ split, casts, and the aliasing ops that need no node at all."""
 
 import torch
 
-from mlxgraph.exporter.lowering_pass import Slot, torch_dtype_name
+from mlxgraph.exporter.lowering_pass import Slot, torch_dtype_code
 from mlxgraph.exporter.lowerings import LoweringError, register
-from mlxgraph.exporter.lowerings.linalg import TransposedWeight, fuses_as_linear_weight
 from mlxgraph.exporter.symbolic_exprs import SymOp
-from mlxgraph.schema.dtypes import dtype_info
 from mlxgraph.schema.records import Operand
 
 aten = torch.ops.aten
@@ -29,7 +27,7 @@ def to_copy(ctx, node):
     want, have = ctx.val(node).dtype, ctx.val(x).dtype
     if want == have:
         return ctx.lookup(x)
-    return ctx.emit_out("Cast", x=ctx.slot(x), dtype=dtype_info(torch_dtype_name(want)).code)
+    return ctx.emit_out("Cast", x=ctx.slot(x), dtype=torch_dtype_code(want))
 
 
 def _same_shape(ctx, a, b) -> bool:
@@ -49,16 +47,12 @@ def view(ctx, node):
 
 @register(aten.permute.default)
 def permute(ctx, node):
-    """Axis permutation; a constant weight's [1, 0] feeding only matrix products emits nothing."""
+    """Axis permutation; no node for the identity."""
     x, perm = node.args
     rank = len(ctx.shape(x))
     perm = [p % rank for p in perm]
-    v = ctx.lookup(x)
-    if (perm == [1, 0] and isinstance(v, Slot) and v.index in ctx.constant_slots and node.users
-            and all(fuses_as_linear_weight(node, u) for u in node.users)):
-        return TransposedWeight(v.index)
     if perm == list(range(rank)):
-        return v
+        return ctx.lookup(x)
     return ctx.emit_out("Permute", x=ctx.slot(x), perm=perm)
 
 

@@ -2,9 +2,8 @@
 
 import torch
 
-from mlxgraph.exporter.lowering_pass import torch_dtype_name
+from mlxgraph.exporter.lowering_pass import torch_dtype_code
 from mlxgraph.exporter.lowerings import LoweringError, register
-from mlxgraph.schema.dtypes import dtype_info
 
 aten = torch.ops.aten
 
@@ -25,7 +24,7 @@ def _cast_input(ctx, x, dtype):
         return slot
     val = ctx.val(x).to(dtype)
     return ctx.emit_out("Cast", val=val, name=f"{ctx.node.name}_in", x=slot,
-                        dtype=dtype_info(torch_dtype_name(dtype)).code).index
+                        dtype=torch_dtype_code(dtype)).index
 
 
 @register(aten.mean.dim, aten.sum.dim_IntList, aten.mean.default, aten.sum.default)

@@ -20,10 +20,11 @@ def sym_size(ctx, node):
     return ctx.symbols.operand(ctx.val(node), ctx, tensor=ctx.slot(x), axis=axis % rank)
 
 
+# target -> (graph SymOp, the same operation on Python ints for literal operands)
 _ARITH = {
-    operator.add: SymOp.add, operator.sub: SymOp.sub, operator.mul: SymOp.mul,
-    operator.floordiv: SymOp.floordiv, operator.mod: SymOp.mod,
-    torch.sym_max: SymOp.max, torch.sym_min: SymOp.min,
+    operator.add: (SymOp.add, operator.add), operator.sub: (SymOp.sub, operator.sub),
+    operator.mul: (SymOp.mul, operator.mul), operator.floordiv: (SymOp.floordiv, operator.floordiv),
+    operator.mod: (SymOp.mod, operator.mod), torch.sym_max: (SymOp.max, max), torch.sym_min: (SymOp.min, min),
 }
 
 
@@ -34,16 +35,13 @@ def _arith(ctx, node):
     a, b = (ctx.operand(x) for x in node.args)
     if a.kind not in ("value", "int") or b.kind not in ("value", "int"):
         raise LoweringError(f"runtime arithmetic on non-integers ({a}, {b})")
+    code, py = _ARITH[node.target]
     if a.is_literal and b.is_literal:
-        return Operand.literal(int(_PY[node.target](a.python_value(), b.python_value())))
-    out = ctx.symbols.arith(_ARITH[node.target], a, b, ctx)
+        return Operand.literal(int(py(a.python_value(), b.python_value())))
+    out = ctx.symbols.arith(code, a, b, ctx)
     ctx.symbols.computed.setdefault(val.node.expr, out)
     return out
 
-
-_PY = {operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
-       operator.floordiv: operator.floordiv, operator.mod: operator.mod,
-       torch.sym_max: max, torch.sym_min: min}
 
 for _t in _ARITH:
     register(_t)(_arith)
@@ -56,7 +54,7 @@ def neg(ctx, node):
     if isinstance(val, int):
         return Operand.literal(val)
     out = ctx.new_value()
-    ctx.emit("SymArith", op=int(SymOp.neg), a=ctx.operand(node.args[0]), b=Operand.literal(0), out=out)
+    ctx.emit("SymArith", op=int(SymOp.neg), a=ctx.operand(node.args[0]), out=out)
     return Operand.value(out)
 
 
