@@ -107,6 +107,7 @@ class OpNode(object):
     RmsNormNode = 58
     RopeNode = 59
     UpdateAndAttendNode = 60
+    LayerNormNode = 61
 
 
 class Operand(object):
@@ -4273,6 +4274,86 @@ def UpdateAndAttendNodeAddOutDtype(builder, outDtype):
     builder.PrependInt8Slot(7, outDtype, None)
 
 def UpdateAndAttendNodeEnd(builder):
+    return builder.EndObject()
+
+
+
+class LayerNormNode(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = LayerNormNode()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsLayerNormNode(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def LayerNormNodeBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x4D\x4C\x58\x47", size_prefixed=size_prefixed)
+
+    # LayerNormNode
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # LayerNormNode
+    def X(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # LayerNormNode
+    def Weight(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # LayerNormNode
+    def Bias(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # LayerNormNode
+    def Out(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # LayerNormNode
+    def Eps(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Float32Flags, o + self._tab.Pos)
+        return None
+
+def LayerNormNodeStart(builder):
+    builder.StartObject(5)
+
+def LayerNormNodeAddX(builder, x):
+    builder.PrependInt32Slot(0, x, None)
+
+def LayerNormNodeAddWeight(builder, weight):
+    builder.PrependInt32Slot(1, weight, None)
+
+def LayerNormNodeAddBias(builder, bias):
+    builder.PrependInt32Slot(2, bias, None)
+
+def LayerNormNodeAddOut(builder, out):
+    builder.PrependInt32Slot(3, out, None)
+
+def LayerNormNodeAddEps(builder, eps):
+    builder.PrependFloat32Slot(4, eps, None)
+
+def LayerNormNodeEnd(builder):
     return builder.EndObject()
 
 

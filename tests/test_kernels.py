@@ -94,6 +94,17 @@ def test_rms_norm_matches_hugging_face(hf, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_layer_norm_matches_torch(dtype):
+    tx, x = rand((2, 5, 64), dtype, -4, 4)
+    tw, w = rand((64,), dtype, -1, 1)
+    tb, b = rand((64,), dtype, -1, 1)
+    F = torch.nn.functional
+    check(call("LayerNorm", x=x, weight=w, bias=b, eps=1e-5), F.layer_norm(tx, (64,), tw, tb, 1e-5), "reduce", dtype)
+    check(call("LayerNorm", x=x, weight=w, eps=1e-5), F.layer_norm(tx, (64,), tw, None, 1e-5), "reduce", dtype)
+    check(call("LayerNorm", x=x, eps=1e-6), F.layer_norm(tx, (64,), None, None, 1e-6), "reduce", dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
 def test_rope_matches_hugging_face(hf, dtype):
     _, _, apply_rotary_pos_emb = hf
     tq, q = rand((1, 4, 6, 32), dtype)
@@ -127,6 +138,7 @@ EXAMPLES.update(
     Arange=dict(start=0, end=5, step=1), Full=dict(shape=[2, 2], value=1.0),
     SymSize=dict(x=_X, axis=0), SymArith=dict(op=0, a=1, b=2),
     RmsNorm=dict(x=_X, weight=_X[0, 0], eps=1e-6), Rope=dict(x=_X, cos=_X[0, 0], sin=_X[0, 0]),
+    LayerNorm=dict(x=_X, weight=_X[0, 0], bias=_X[0, 0], eps=1e-5),
 )
 
 

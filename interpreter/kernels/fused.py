@@ -48,3 +48,17 @@ def rope(x, cos, sin, out=None):
         raise ValueError(f"Rope: the last axis of x must be even, got {d}")
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return x * cos + mx.concatenate([-x2, x1], axis=-1) * sin
+
+
+@register("LayerNorm")
+def layer_norm(x, weight=None, bias=None, out=None, eps=None):
+    """(x - mean) * rsqrt(var + eps) * weight + bias over the last axis, in x's dtype.
+
+    MLX's fused kernel accumulates in float32 for half-precision x, as torch does on CPU.
+
+    Raises:
+        ValueError: eps is absent.
+    """
+    if eps is None:
+        raise ValueError("LayerNorm: eps is required")
+    return mx.fast.layer_norm(x, weight, bias, eps)
