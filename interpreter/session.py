@@ -165,6 +165,8 @@ class Session:
         """
         positions = self._host_positions(positions)
         n_new = len(positions)
+        if not isinstance(tokens, mx.array):
+            tokens = self._host_tokens(tokens)
         tensors = list(self.program.initial_tensors)
         values = [None] * self.program.value_count
         self._bind_inputs({"tokens": tokens, "positions": positions}, tensors, values)
@@ -184,6 +186,19 @@ class Session:
         self._length += n_new
         outs = {name: tensors[slot] for name, slot in self.program.outputs.items()}
         return next(iter(outs.values())) if len(outs) == 1 else outs
+
+    def _host_tokens(self, tokens) -> np.ndarray:
+        """Host token ids, checked against the vocabulary: an out-of-range id would index
+        past the embedding table and silently give garbage. (Token arrays already in MLX,
+        such as a sampler's lazy output, are not read back: that would force an evaluation.)"""
+        arr = np.asarray(tokens)
+        if arr.dtype.kind not in "iu":
+            raise self._fail(f"tokens must be integers, got {arr.dtype}")
+        vocab = self.program.metadata.vocab_size
+        if arr.size and (arr.min() < 0 or (vocab and arr.max() >= vocab)):
+            bad = arr[(arr < 0) | (arr >= vocab)] if vocab else arr[arr < 0]
+            raise self._fail(f"token id {int(bad.reshape(-1)[0])} is outside the vocabulary [0, {vocab})")
+        return arr
 
     def _host_positions(self, positions) -> list:
         if isinstance(positions, range):

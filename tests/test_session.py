@@ -95,6 +95,10 @@ def test_rejected_steps_leave_the_session_unchanged(tiny):
         session.step(mx.zeros((1, 21 - length), dtype=mx.int32), range(length, 21))
     with pytest.raises(SessionError, match="bounds"):
         session.step(mx.zeros((1, 65), dtype=mx.int32), range(length, length + 65))
+    with pytest.raises(SessionError, match=f"token id {VOCAB} is outside the vocabulary"):
+        session.step(np.array([[1, VOCAB]]), range(length, length + 2))
+    with pytest.raises(SessionError, match="integers"):
+        session.step(np.array([[1.5]]), [length])
     assert session.length == length
     toks = rng.integers(0, VOCAB, 2)
     assert close(session.step(mx.array(toks[None].astype(np.int32)), range(length, length + 2)), oracle.step(toks))
