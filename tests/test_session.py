@@ -194,3 +194,15 @@ def test_mixed_policies_reject_overflow_and_stay_usable(tmp_path):
     for _ in range(3):
         toks = rng.integers(0, VOCAB, 1)
         assert close(session.step(mx.array(toks[None].astype(np.int32)), [session.length]), oracle.step(toks))
+
+
+def test_package_exports_error_types_without_importing_mlx():
+    code = (
+        "import sys, mlxgraph\n"
+        "assert 'mlx.core' not in sys.modules and 'torch' not in sys.modules\n"
+        "from mlxgraph.interpreter.errors import SessionError\n"
+        "assert mlxgraph.SessionError is SessionError and issubclass(mlxgraph.CacheError, ValueError)\n"
+        "print('ok')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
