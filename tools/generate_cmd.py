@@ -171,6 +171,11 @@ def _run(args, blas) -> int:
     out.write("\n")
     out.flush()
     _print_stats(stats, doc, blas, sys.stderr)
+    source = program.metadata.extra.get("source", "")
+    if source.startswith("tiny-"):
+        # The built-ins are for trying the pipeline: say why their text reads as noise.
+        print(f"model        {source}: seeded random weights, so the text is noise; export a Hugging Face "
+              "model folder for real text", file=sys.stderr)
     return 0
 
 
