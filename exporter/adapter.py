@@ -24,6 +24,8 @@ from mlxgraph.exporter.attention_op import reference_cache, update_and_attend
 from mlxgraph.schema.records import LayerCacheInfo
 
 ATTN_IMPLEMENTATION = "mlxgraph"
+# transformers' experts implementation without data-dependent shapes (see use_export_friendly_experts).
+EXPERTS_IMPLEMENTATION = "batched_mm"
 
 # The step being run: positions as [T, 1] and the geometry seen so far. Thread-local so
 # two adapters used from different threads do not see each other's step.
@@ -75,7 +77,8 @@ class DecoderAdapter(torch.nn.Module):
 
     Args:
         model: a transformers ``*ForCausalLM`` in eval mode; its attention implementation
-            is switched to ``mlxgraph``.
+            is switched to ``mlxgraph``, and a mixture-of-experts model's experts
+            implementation to ``batched_mm``.
 
     A model whose attention does not go through transformers' AttentionInterface keeps
     its own; ``layer_infos()`` then stays empty after a forward, which export() reports.
@@ -86,6 +89,7 @@ class DecoderAdapter(torch.nn.Module):
     def __init__(self, model):
         super().__init__()
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        use_export_friendly_experts(model)
         self.model = model
         _GEOMETRY[self] = {}
 
@@ -105,9 +109,27 @@ class DecoderAdapter(torch.nn.Module):
         return tuple(layers[k] for k in sorted(layers))
 
 
+def use_export_friendly_experts(model) -> None:
+    """Switch a mixture-of-experts model to transformers' ``batched_mm`` experts, if it has any.
+
+    transformers 5 defaults to ``grouped_mm``, which sorts tokens by expert and cuts them
+    into groups of data-dependent sizes (sort, histc, cumsum, grouped_mm: no static
+    shapes). ``batched_mm`` gathers each token's top-k expert weights by index and runs one
+    batched matmul, so every shape follows the sequence length. Models without a
+    switchable experts implementation (dense ones, or MoE code that ignores the setting)
+    are left alone.
+    """
+    if getattr(model.config, "_experts_implementation", None) is None:
+        return
+    if not model._can_set_experts_implementation():
+        return
+    model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
+
+
 def reset_reference_cache() -> None:
     """Forget the eager reference cache's history (keeps the recorded windows)."""
     reference_cache.reset()
 
 
-__all__ = ["DecoderAdapter", "AdapterError", "ATTN_IMPLEMENTATION", "reset_reference_cache", "update_and_attend"]
+__all__ = ["DecoderAdapter", "AdapterError", "ATTN_IMPLEMENTATION", "EXPERTS_IMPLEMENTATION", "reset_reference_cache",
+           "update_and_attend", "use_export_friendly_experts"]

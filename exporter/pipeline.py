@@ -199,12 +199,16 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
         raise ExportError(f"{source['source']}: max_seq_len {max_seq_len} exceeds the model's "
                           f"max_position_embeddings {limit}; export with max_seq_len <= {limit}")
     previous = m.config._attn_implementation
-    adapter = DecoderAdapter(m)
+    previous_experts = m.get_experts_implementation() if hasattr(m, "get_experts_implementation") else None
     try:
+        adapter = DecoderAdapter(m)
         ep = step("torch.export", lambda: trace(adapter, max_seq_len))
     finally:
+        # A caller's module is left as it was given.
         if previous is not None:
-            m.set_attn_implementation(previous)  # a caller's module is left as it was given
+            m.set_attn_implementation(previous)
+        if previous_experts is not None and previous_experts != m.get_experts_implementation():
+            m.set_experts_implementation(previous_experts)
     if not adapter.layer_infos():
         raise AdapterError(f"{type(m).__name__}: no attention layer called the mlxgraph attention "
                            "implementation (the model does not use transformers' AttentionInterface)")

@@ -108,6 +108,7 @@ class OpNode(object):
     RopeNode = 59
     UpdateAndAttendNode = 60
     LayerNormNode = 61
+    TopKNode = 62
 
 
 class Operand(object):
@@ -4354,6 +4355,109 @@ def LayerNormNodeAddEps(builder, eps):
     builder.PrependFloat32Slot(4, eps, None)
 
 def LayerNormNodeEnd(builder):
+    return builder.EndObject()
+
+
+
+class TopKNode(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = TopKNode()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsTopKNode(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def TopKNodeBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x4D\x4C\x58\x47", size_prefixed=size_prefixed)
+
+    # TopKNode
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # TopKNode
+    def X(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # TopKNode
+    def Outs(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return 0
+
+    # TopKNode
+    def OutsAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Int32Flags, o)
+        return 0
+
+    # TopKNode
+    def OutsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # TopKNode
+    def OutsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        return o == 0
+
+    # TopKNode
+    def K(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # TopKNode
+    def Axis(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # TopKNode
+    def Largest(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
+        return True
+
+def TopKNodeStart(builder):
+    builder.StartObject(5)
+
+def TopKNodeAddX(builder, x):
+    builder.PrependInt32Slot(0, x, None)
+
+def TopKNodeAddOuts(builder, outs):
+    builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(outs), 0)
+
+def TopKNodeStartOutsVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def TopKNodeAddK(builder, k):
+    builder.PrependInt32Slot(2, k, None)
+
+def TopKNodeAddAxis(builder, axis):
+    builder.PrependInt32Slot(3, axis, None)
+
+def TopKNodeAddLargest(builder, largest):
+    builder.PrependBoolSlot(4, largest, 1)
+
+def TopKNodeEnd(builder):
     return builder.EndObject()
 
 

@@ -139,6 +139,7 @@ EXAMPLES.update(
     SymSize=dict(x=_X, axis=0), SymArith=dict(op=0, a=1, b=2),
     RmsNorm=dict(x=_X, weight=_X[0, 0], eps=1e-6), Rope=dict(x=_X, cos=_X[0, 0], sin=_X[0, 0]),
     LayerNorm=dict(x=_X, weight=_X[0, 0], bias=_X[0, 0], eps=1e-5),
+    TopK=dict(x=_X, k=2, axis=-1),
 )
 
 

@@ -18,7 +18,7 @@ from importlib import import_module
 LOWERINGS: dict = {}
 
 _MODULES = ("elementwise", "reductions", "linalg", "layout", "creation", "symbolic", "attention", "fused",
-            "normalization")
+            "normalization", "selection")
 
 
 class LoweringError(Exception):

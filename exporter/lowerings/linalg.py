@@ -34,20 +34,40 @@ def embedding(ctx, node):
     return ctx.emit_out("Embedding", weight=ctx.slot(weight), indices=ctx.slot(indices))
 
 
+def _take(ctx, node, x, axis: int, index):
+    """x's entries at ``index`` along ``axis`` (out shape x.shape[:axis] + index.shape +
+    x.shape[axis + 1:]): an Embedding (rows of a table), between Permutes when axis > 0.
+    Not a Gather: that op is torch.gather, whose indices match x's rank."""
+    if axis == 0:
+        return ctx.emit_out("Embedding", weight=ctx.slot(x), indices=ctx.slot(index))
+    rank, k = len(ctx.shape(x)), len(ctx.shape(index))
+    front = [axis] + [d for d in range(rank) if d != axis]
+    moved = ctx.emit_out("Permute", val=ctx.val(x).permute(front), name=f"{node.name}_front", x=ctx.slot(x),
+                         perm=front)
+    rows_val = ctx.val(x).movedim(axis, 0)[ctx.val(index)]
+    rows = ctx.emit_out("Embedding", val=rows_val, name=f"{node.name}_rows", weight=moved.index,
+                        indices=ctx.slot(index))
+    # rows is index.shape + (x's other axes in order); put x's leading axes back in front.
+    back = list(range(k, k + axis)) + list(range(k)) + list(range(k + axis, k + rank - 1))
+    return ctx.emit_out("Permute", x=rows.index, perm=back)
+
+
 @register(aten.index_select.default)
 def index_select(ctx, node):
     """Entries of x along one axis by a 1-D index tensor."""
     x, dim, index = node.args
-    axis = dim % len(ctx.shape(x))
-    return ctx.emit_out("Gather", x=ctx.slot(x), indices=ctx.slot(index), axis=axis)
+    return _take(ctx, node, x, dim % len(ctx.shape(x)), index)
 
 
 @register(aten.index.Tensor)
 def index_tensor(ctx, node):
-    """x[..., idx, ...] with exactly one index tensor (the form decoders use)."""
+    """x[..., idx, ...] with exactly one index tensor (the form decoders use, e.g. a
+    mixture-of-experts layer picking each token's expert weights)."""
     x, indices = node.args
     present = [(i, ix) for i, ix in enumerate(indices) if ix is not None]
     if len(present) != 1:
         raise LoweringError("advanced indexing with more than one index tensor")
     axis, ix = present[0]
-    return ctx.emit_out("Gather", x=ctx.slot(x), indices=ctx.slot(ix), axis=axis)
+    if ctx.val(ix).dtype == torch.bool:
+        raise LoweringError("boolean-mask indexing (data-dependent output shape)")
+    return _take(ctx, node, x, axis, ix)

@@ -26,7 +26,8 @@ class Kernel:
 
 KERNELS: dict = {}
 
-_MODULES = ("elementwise", "reductions", "linalg", "layout", "creation", "symbolic", "fused", "attention")
+_MODULES = ("elementwise", "reductions", "linalg", "layout", "creation", "symbolic", "fused", "attention",
+            "selection")
 
 
 def register(op: str, needs_context: bool = False):

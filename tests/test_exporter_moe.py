@@ -1,0 +1,125 @@
+"""Mixture-of-experts decoders (Mixtral, Qwen3-MoE) export and match Hugging Face.
+
+transformers 5 runs experts with ``grouped_mm`` by default (sort, histc, cumsum: shapes
+that depend on the routing). The exporter switches the model to transformers'
+``batched_mm`` experts for the trace, so the graph holds a TopK router, Gathers of each
+token's expert weights and batched Matmuls. The oracle is the HF model as configured
+by default (``grouped_mm``) with its own DynamicCache: a 9-token prefill and 10 greedy
+decode steps must agree within 1e-4 of the logits' scale and pick the same tokens.
+"""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import torch
+from test_exporter_lowering import _check_runs_like_torch, _lower
+from torch import nn
+
+import mlxgraph
+from mlxgraph.exporter import export
+from mlxgraph.exporter.builtins import build_model, make_config
+
+PROMPT, DECODE, MAX_T = 9, 10, 32
+TOL = 1e-4
+_SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=256, num_experts_per_tok=2)
+# arch -> (transformers model_type, config overrides): 4 experts, top-2 routing.
+MOE_ARCHS = {
+    "mixtral": ("mixtral", {"num_local_experts": 4}),
+    "qwen3_moe": ("qwen3_moe", {"num_experts": 4, "moe_intermediate_size": 64, "head_dim": 16,
+                                "decoder_sparse_step": 1, "norm_topk_prob": True}),
+}
+
+
+def _model(arch: str):
+    model_type, overrides = MOE_ARCHS[arch]
+    return build_model(make_config(model_type, **_SMALL, **overrides), seed=0)
+
+
+def _rel_err(got, want) -> float:
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
+
+
+def _hf_reference(model, prompt):
+    """HF greedy decoding with DynamicCache: (prefill logits [T, V], decode logits, tokens)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        out = model(prompt, cache=cache, use_cache=True, position_ids=torch.arange(PROMPT)[None]).logits
+        prefill = out[0].numpy()
+        tokens, decode = [int(out[0, -1].argmax())], []
+        for i in range(DECODE):
+            step = model(torch.tensor([[tokens[-1]]]), cache=cache, use_cache=True,
+                         position_ids=torch.tensor([[PROMPT + i]])).logits
+            decode.append(step[0, -1].numpy())
+            tokens.append(int(step[0, -1].argmax()))
+    return prefill, decode, tokens
+
+
+def _ids(tokens) -> mx.array:
+    return mx.array(np.asarray(tokens, dtype=np.int32).reshape(1, -1))
+
+
+@pytest.mark.parametrize("arch", list(MOE_ARCHS))
+def test_moe_prefill_then_greedy_decode_matches_hf(arch, tmp_path):
+    model = _model(arch)
+    assert model.config._experts_implementation == "grouped_mm"  # HF's default: the oracle's path
+    folder = tmp_path / arch
+    model.save_pretrained(folder)
+    stats = export(str(folder), tmp_path / f"{arch}.mlxg", max_seq_len=MAX_T)
+    assert stats["ops"]["TopK"] == 2 and stats["ops"]["UpdateAndAttend"] == 2
+
+    prompt = torch.randint(4, 256, (1, PROMPT), generator=torch.Generator().manual_seed(7))
+    prefill, decode, tokens = _hf_reference(model, prompt)
+    session = mlxgraph.load(tmp_path / f"{arch}.mlxg").session(capacity=64)
+    logits = np.array(session.step(_ids(prompt.numpy()), range(PROMPT)))[0]
+    errors = [_rel_err(logits, prefill)]
+    ours = [int(logits[-1].argmax())]
+    for i in range(DECODE):
+        # Feed our own greedy choice: identical tokens is part of the claim.
+        step = np.array(session.step(_ids([ours[-1]]), [PROMPT + i]))[0, -1]
+        errors.append(_rel_err(step, decode[i]))
+        ours.append(int(step.argmax()))
+    print(f"{arch}: max rel error {max(errors):.2e}")
+    assert max(errors) < TOL, errors
+    assert ours == tokens
+
+
+def test_export_restores_the_callers_experts_implementation(tmp_path):
+    """A module passed in keeps its own experts (and attention) implementation afterwards."""
+    model = _model("mixtral")
+    model.set_experts_implementation("eager")
+    export(model, tmp_path / "m.mlxg", max_seq_len=8)
+    assert model.config._experts_implementation == "eager"
+    assert model.config._attn_implementation != "mlxgraph"
+
+
+class Routing(nn.Module):
+    """The router's ops on their own: topk on the last and a middle axis, both directions,
+    and weights picked by the indices on axis 0 and 1 (index.Tensor, index_select)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(32, 8)
+        self.w0 = nn.Parameter(torch.randn(8, 3, 5))
+        self.w1 = nn.Parameter(torch.randn(5, 8, 2))
+
+    def forward(self, tokens, positions):
+        h = self.emb(tokens)[0]                                      # [T, 8]
+        t = h.shape[0]
+        vals, idx = torch.topk(h, 3, dim=-1)                         # [T, 3]
+        low, low_idx = torch.topk(h.view(t, 4, 2), 2, dim=1, largest=False)
+        picked0 = self.w0[idx].sum(dim=(2, 3))                       # [T, 3, 3, 5] -> [T, 3]
+        picked1 = self.w1[:, idx].sum(dim=(0, 3))                    # [5, T, 3, 2] -> [T, 3]
+        selected = torch.index_select(self.w1, 1, idx.reshape(-1)).view(5, t, 3, 2).sum(dim=(0, 3))
+        parts = [vals, idx.float(), low.reshape(t, 4), low_idx.reshape(t, 4).float(), picked0, picked1, selected]
+        return torch.cat(parts, dim=-1).unsqueeze(0)
+
+
+def test_routing_ops_run_like_torch(tmp_path):
+    writer = _lower(Routing().eval(), tmp_path / "r.mlxg")
+    ops = [n.op for n in writer.nodes]
+    assert ops.count("TopKNode") == 2 and "GatherNode" not in ops and ops.count("EmbeddingNode") == 4
+    _check_runs_like_torch(Routing().eval(), tmp_path / "r2.mlxg", lengths=(1, 2, 5), tol=1e-5)
