@@ -8,10 +8,10 @@ by default (``grouped_mm``) with its own DynamicCache: a 9-token prefill and 10 
 decode steps must agree within 1e-4 of the logits' scale and pick the same tokens.
 """
 
-import mlx.core as mx
 import numpy as np
 import pytest
 import torch
+from parity_helpers import hf_greedy_reference, ids, rel_err
 from test_exporter_lowering import _check_runs_like_torch, _lower
 from torch import nn
 
@@ -36,31 +36,6 @@ def _model(arch: str):
     return build_model(make_config(model_type, **_SMALL, **overrides), seed=0)
 
 
-def _rel_err(got, want) -> float:
-    return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
-
-
-def _hf_reference(model, prompt):
-    """HF greedy decoding with DynamicCache: (prefill logits [T, V], decode logits, tokens)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
-    with torch.no_grad():
-        out = model(prompt, cache=cache, use_cache=True, position_ids=torch.arange(PROMPT)[None]).logits
-        prefill = out[0].numpy()
-        tokens, decode = [int(out[0, -1].argmax())], []
-        for i in range(DECODE):
-            step = model(torch.tensor([[tokens[-1]]]), cache=cache, use_cache=True,
-                         position_ids=torch.tensor([[PROMPT + i]])).logits
-            decode.append(step[0, -1].numpy())
-            tokens.append(int(step[0, -1].argmax()))
-    return prefill, decode, tokens
-
-
-def _ids(tokens) -> mx.array:
-    return mx.array(np.asarray(tokens, dtype=np.int32).reshape(1, -1))
-
-
 @pytest.mark.parametrize("arch", list(MOE_ARCHS))
 def test_moe_prefill_then_greedy_decode_matches_hf(arch, tmp_path):
     model = _model(arch)
@@ -71,15 +46,15 @@ def test_moe_prefill_then_greedy_decode_matches_hf(arch, tmp_path):
     assert stats["ops"]["TopK"] == 2 and stats["ops"]["UpdateAndAttend"] == 2
 
     prompt = torch.randint(4, 256, (1, PROMPT), generator=torch.Generator().manual_seed(7))
-    prefill, decode, tokens = _hf_reference(model, prompt)
+    prefill, decode, tokens = hf_greedy_reference(model, prompt, DECODE)
     session = mlxgraph.load(tmp_path / f"{arch}.mlxg").session(capacity=64)
-    logits = np.array(session.step(_ids(prompt.numpy()), range(PROMPT)))[0]
-    errors = [_rel_err(logits, prefill)]
+    logits = np.array(session.step(ids(prompt.numpy()), range(PROMPT)))[0]
+    errors = [rel_err(logits, prefill)]
     ours = [int(logits[-1].argmax())]
     for i in range(DECODE):
         # Feed our own greedy choice: identical tokens is part of the claim.
-        step = np.array(session.step(_ids([ours[-1]]), [PROMPT + i]))[0, -1]
-        errors.append(_rel_err(step, decode[i]))
+        step = np.array(session.step(ids([ours[-1]]), [PROMPT + i]))[0, -1]
+        errors.append(rel_err(step, decode[i]))
         ours.append(int(step.argmax()))
     print(f"{arch}: max rel error {max(errors):.2e}")
     assert max(errors) < TOL, errors

@@ -8,11 +8,11 @@ with its own DynamicCache and default attention; logits must agree within 1e-4 o
 logits' scale, and greedy decoding must pick the same 40 tokens.
 """
 
-import mlx.core as mx
 import numpy as np
 import pytest
 import torch
 from conftest import TINY_ARCHS, tiny_hf_model
+from parity_helpers import hf_greedy_reference, ids, rel_err
 
 import mlxgraph
 from mlxgraph.exporter import export
@@ -21,28 +21,6 @@ from mlxgraph.schema.reader import open_graph
 
 PROMPT, DECODE, CHUNK, MAX_T = 17, 40, 5, 64
 TOL = 1e-4
-
-
-def _rel_err(got, want) -> float:
-    return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
-
-
-def _hf_reference(model, prompt):
-    """HF greedy decoding with DynamicCache: (prefill logits [T, V], decode logits, tokens)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
-    with torch.no_grad():
-        out = model(prompt, cache=cache, use_cache=True, position_ids=torch.arange(PROMPT)[None]).logits
-        prefill = out[0].numpy()
-        tokens, decode = [int(out[0, -1].argmax())], []
-        for i in range(DECODE - 1):
-            pos = PROMPT + i
-            step = model(torch.tensor([[tokens[-1]]]), cache=cache, use_cache=True,
-                         position_ids=torch.tensor([[pos]])).logits
-            decode.append(step[0, -1].numpy())
-            tokens.append(int(step[0, -1].argmax()))
-    return prefill, decode, tokens
 
 
 @pytest.fixture(scope="module", params=list(TINY_ARCHS))
@@ -56,23 +34,19 @@ def case(request, tiny_hf_folder, tmp_path_factory):
     gen = torch.Generator().manual_seed(7)
     prompt = torch.randint(4, 256, (1, PROMPT), generator=gen)
     return {"arch": arch, "path": path, "stats": stats, "model": model, "prompt": prompt,
-            "ref": _hf_reference(model, prompt)}
-
-
-def _ids(tokens) -> mx.array:
-    return mx.array(np.asarray(tokens, dtype=np.int32).reshape(1, -1))
+            "ref": hf_greedy_reference(model, prompt, DECODE - 1)}
 
 
 def test_prefill_then_greedy_decode_matches_hf(case):
     prefill, decode, tokens = case["ref"]
     session = mlxgraph.load(case["path"]).session(capacity=128)
-    logits = np.array(session.step(_ids(case["prompt"].numpy()), range(PROMPT)))[0]
-    assert _rel_err(logits, prefill) < TOL
+    logits = np.array(session.step(ids(case["prompt"].numpy()), range(PROMPT)))[0]
+    assert rel_err(logits, prefill) < TOL
     ours = [int(logits[-1].argmax())]
     for i in range(DECODE - 1):
         # Feed our own greedy choice: identical tokens is part of the claim.
-        step = np.array(session.step(_ids([ours[-1]]), [PROMPT + i]))[0, -1]
-        assert _rel_err(step, decode[i]) < TOL, f"decode step {i}"
+        step = np.array(session.step(ids([ours[-1]]), [PROMPT + i]))[0, -1]
+        assert rel_err(step, decode[i]) < TOL, f"decode step {i}"
         ours.append(int(step.argmax()))
     assert ours == tokens
     assert session.length == PROMPT + DECODE - 1
@@ -84,8 +58,8 @@ def test_chunked_prefill_matches_hf(case):
     prompt = case["prompt"].numpy()
     for start in range(0, PROMPT, CHUNK):
         end = min(start + CHUNK, PROMPT)
-        logits = np.array(session.step(_ids(prompt[:, start:end]), range(start, end)))[0]
-        assert _rel_err(logits, prefill[start:end]) < TOL, f"chunk {start}:{end}"
+        logits = np.array(session.step(ids(prompt[:, start:end]), range(start, end)))[0]
+        assert rel_err(logits, prefill[start:end]) < TOL, f"chunk {start}:{end}"
 
 
 def test_one_update_and_attend_per_layer_and_metadata(case):
@@ -114,7 +88,7 @@ def test_any_step_length_up_to_max_without_reexport(case):
         want = model(tokens, use_cache=False).logits[0].numpy()
     program = mlxgraph.load(path)
     for t in (1, 2, 31, MAX_T):
-        got = np.array(program.session(capacity=128).step(_ids(tokens[:, :t].numpy()), range(t)))[0]
-        assert _rel_err(got, want[:t]) < TOL, f"T={t}"
+        got = np.array(program.session(capacity=128).step(ids(tokens[:, :t].numpy()), range(t)))[0]
+        assert rel_err(got, want[:t]) < TOL, f"T={t}"
     with pytest.raises(SessionError, match=r"T=65 outside the graph's bounds \[1, 64\]"):
-        program.session(capacity=256).step(_ids(np.zeros(MAX_T + 1)), range(MAX_T + 1))
+        program.session(capacity=256).step(ids(np.zeros(MAX_T + 1)), range(MAX_T + 1))
