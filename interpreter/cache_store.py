@@ -171,6 +171,11 @@ class KVStore:
             return 0
         return self._keys.nbytes + self._values.nbytes
 
+    def preallocation_elements(self) -> int:
+        """Elements of k + v a preallocated store holds (batch 1, every slot)."""
+        g = self.geometry
+        return self._slots * g.kv_heads * (g.head_dim + g.v_head_dim)
+
     @property
     def tokens_held(self) -> int:
         """Number of positions whose k/v the store holds."""

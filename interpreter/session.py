@@ -6,15 +6,21 @@ rejected, or whose graph fails to build, leaves the session exactly as it was: t
 stores stage their writes and only commit once every node has run.
 """
 
+import threading
+from numbers import Integral
+
 import mlx.core as mx
 import numpy as np
 
 from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
 from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, LayerGeometry, make_store
+from mlxgraph.interpreter.memory import allocatable_bytes
 from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
 from mlxgraph.interpreter.program import TENSOR, TENSOR_LIST, VALUE
 
 DEFAULT_CAPACITY = 4096
+# MLX array dimensions are 32-bit: a cache longer than this cannot be allocated.
+MAX_CAPACITY = 2**31 - 1
 
 
 class StepContext:
@@ -47,29 +53,35 @@ class Session:
         preallocate: allocate full-attention stores to capacity at once (static) instead of
             growing them by doubling (dynamic).
         max_step: the largest step expected (sizes ring buffers; larger steps still work).
+    A session may be used from any thread, one call at a time: a step, trim or reset
+    while another thread is inside one raises SessionError (nothing changes).
+
     Raises:
-        SessionError: a bad override (capacity, kv_dtype name, windows naming unknown layers).
+        SessionError: a bad override (capacity or max_step not an int in [1, 2**31 - 1],
+            kv_dtype name, windows naming unknown layers).
         CacheError: a policy a store cannot honour (a non-floating kv_dtype, a negative
-            window, a ring window smaller than the layer's own sliding window).
+            window, a ring window smaller than the layer's own sliding window), or
+            ``preallocate=True`` asking for more memory than the process can allocate.
     """
 
     def __init__(self, program, capacity=None, kv_dtype=None, windows=None, preallocate=False, max_step=None):
         self.program = program
+        self._lock = threading.Lock()
+        self._thread = threading.get_ident()
         meta = program.metadata
-        self.capacity = int(capacity or meta.max_context or DEFAULT_CAPACITY)
-        if self.capacity <= 0:
-            raise self._fail(f"capacity must be positive, got {capacity}")
+        default = meta.max_context if 0 < meta.max_context <= MAX_CAPACITY else DEFAULT_CAPACITY
+        self.capacity = self._count("capacity", default if capacity is None else capacity)
         try:
             self.kv_dtype = to_mx_dtype(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
         except KeyError:
             raise self._fail(f"kv_dtype {kv_dtype!r} is not a dtype name (float32, float16, bfloat16)") from None
-        if max_step is not None and int(max_step) < 1:
-            raise self._fail(f"max_step must be at least 1, got {max_step}")
-        self.max_step = int(max_step or min(self.capacity, 512))
+        self.max_step = self._count("max_step", min(self.capacity, 512) if max_step is None else max_step)
         self._windows = self._window_per_layer(windows)
-        self._preallocate = preallocate
+        self._preallocate = bool(preallocate)
         self.stores = {}
-        self.reset()
+        self._reset()
+        if self._preallocate:
+            self._check_preallocation()
         self._input_plan = self._plan_inputs()
 
     def _fail(self, reason: str) -> SessionError:
@@ -77,16 +89,37 @@ class Session:
         path = self.program.path
         return SessionError(f"{path if path else '<bytes>'}: {reason}")
 
+    def _count(self, name: str, value) -> int:
+        """An option that must be an int in [1, MAX_CAPACITY] (0 is not "the default")."""
+        if isinstance(value, bool) or not isinstance(value, Integral) or not 1 <= value <= MAX_CAPACITY:
+            raise self._fail(f"{name} must be an int in [1, {MAX_CAPACITY}], got {value!r}")
+        return int(value)
+
+    def _check_preallocation(self) -> None:
+        """Refuse a static cache the process cannot allocate (MLX would crash at evaluation)."""
+        itemsize = self.kv_dtype.size if self.kv_dtype is not None else 4  # compute dtype <= float32
+        need = sum(s.preallocation_elements() for s in self.stores.values()) * itemsize
+        room = allocatable_bytes()
+        if room is not None and need > room:
+            raise CacheError(f"{self.program.path or '<bytes>'}: preallocate=True needs {need / 2**30:.2f} GiB "
+                             f"for capacity {self.capacity}, more than the {room / 2**30:.2f} GiB this process "
+                             "can allocate; use a smaller capacity or a growing cache")
+
     def _window_per_layer(self, windows) -> dict:
         layers = self.program.layers
         if windows is None:
             return {lid: lc.sliding_window for lid, lc in layers.items()}
-        if isinstance(windows, int):
-            return dict.fromkeys(layers, windows)
+        if isinstance(windows, Integral) and not isinstance(windows, bool):
+            windows = dict.fromkeys(layers, int(windows))
+        if not isinstance(windows, dict):
+            raise self._fail(f"windows must be an int or a {{layer_id: window}} dict, got {windows!r}")
         unknown = set(windows) - set(layers)
         if unknown:
-            raise self._fail(f"windows names layers {sorted(unknown)}, the graph has {sorted(layers)}")
-        return {lid: windows.get(lid, lc.sliding_window) for lid, lc in layers.items()}
+            raise self._fail(f"windows names layers {sorted(unknown, key=str)}, the graph has {sorted(layers)}")
+        for lid, w in windows.items():
+            if isinstance(w, bool) or not isinstance(w, Integral) or not 0 <= w <= MAX_CAPACITY:
+                raise self._fail(f"window of layer {lid} must be an int in [0, {MAX_CAPACITY}], got {w!r}")
+        return {lid: int(windows.get(lid, lc.sliding_window)) for lid, lc in layers.items()}
 
     def _plan_inputs(self):
         g = self.program.graph
@@ -115,7 +148,15 @@ class Session:
         return [a for store in self.stores.values() for a in store.state]
 
     def reset(self) -> None:
-        """Forget all history."""
+        """Forget all history.
+
+        Raises:
+            SessionError: another thread is inside a call on this session.
+        """
+        with self._exclusive():
+            self._reset()
+
+    def _reset(self) -> None:
         self.stores = {}
         for lid, lc in self.program.layers.items():
             geometry = LayerGeometry(lid, lc.kv_heads, lc.head_dim, lc.v_head_dim, self._windows[lid])
@@ -128,10 +169,17 @@ class Session:
         """Rewind the last ``n`` tokens; returns the new length.
 
         Raises:
-            SessionError: n is negative or larger than the length.
+            SessionError: n is not an int between 0 and the length, or another thread is
+                inside a call on this session.
             CacheError: a ring store cannot rewind that far (the message says how far it can);
                 no store is changed.
         """
+        with self._exclusive():
+            return self._trim(n)
+
+    def _trim(self, n) -> int:
+        if isinstance(n, bool) or not isinstance(n, Integral):
+            raise self._fail(f"trim needs an int, got {n!r}")
         n = int(n)
         if n < 0 or n > self._length:
             raise self._fail(f"trim({n}): must be between 0 and the length {self._length}")
@@ -162,11 +210,40 @@ class Session:
         Raises:
             SessionError / CacheError: the step is rejected; nothing changed.
             GraphRuntimeError: a node failed; nothing changed.
+            Any exception (KeyboardInterrupt included) leaves the session as it was.
         """
+        with self._exclusive():
+            return self._step(tokens, positions, observer)
+
+    def _exclusive(self):
+        """The session's lock, taken without waiting: one call at a time, from any thread.
+
+        A step built in another thread and not yet evaluated cannot be continued here: MLX
+        evaluates a lazy array only in the thread whose stream built it.
+        """
+        if not self._lock.acquire(blocking=False):
+            raise self._fail("the session is in use by another thread (one step at a time)")
+        try:
+            me = threading.get_ident()
+            if me != self._thread:
+                try:
+                    mx.eval(self.cache_state())
+                except RuntimeError:
+                    raise self._fail("the last step was built in another thread and is not evaluated yet; "
+                                     "evaluate it there (mx.eval(session.cache_state())) first") from None
+                self._thread = me
+        except BaseException:
+            self._lock.release()
+            raise
+        return _Held(self._lock)
+
+    def _step(self, tokens, positions, observer):
         positions = self._host_positions(positions)
         n_new = len(positions)
         if not isinstance(tokens, mx.array):
             tokens = self._host_tokens(tokens)
+        elif not mx.issubdtype(tokens.dtype, mx.integer):
+            raise self._fail(f"tokens must be integers, got {tokens.dtype}")
         tensors = list(self.program.initial_tensors)
         values = [None] * self.program.value_count
         self._bind_inputs({"tokens": tokens, "positions": positions}, tensors, values)
@@ -177,7 +254,8 @@ class Session:
                 store.begin(n_new)
                 begun.append(store)
             self._run(tensors, values, observer)
-        except Exception:
+        except BaseException:
+            # KeyboardInterrupt and SystemExit too: a store left open refuses every later step.
             for store in begun:
                 store.rollback()
             raise
@@ -206,7 +284,11 @@ class Session:
         else:
             if isinstance(positions, mx.array):
                 positions = np.array(positions)
-            pos = [int(p) for p in np.asarray(positions).reshape(-1)]
+            arr = np.asarray(positions)
+            if arr.size and arr.dtype.kind not in "iu":
+                # 3.9 is not position 3: a float (or bool) position is a caller's bug.
+                raise self._fail(f"positions must be integers, got {arr.dtype}")
+            pos = [int(p) for p in arr.reshape(-1)]
         if not pos:
             raise self._fail("a step needs at least one token")
         want = list(range(self._length, self._length + len(pos)))
@@ -282,6 +364,22 @@ class Session:
             # Still a CacheError (the step is rejected, nothing changed), now located.
             return CacheError(f"{self.program.path or '<bytes>'}: node {node.index} ({rec.op[:-4]}): {e}")
         return GraphRuntimeError(self.program.path, node.index, rec.op[:-4], rec.provenance, f"{type(e).__name__}: {e}")
+
+
+class _Held:
+    """Releases a lock already taken when its ``with`` block ends."""
+
+    __slots__ = ("lock",)
+
+    def __init__(self, lock):
+        self.lock = lock
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.lock.release()
+        return False
 
 
 __all__ = ["Session", "StepContext", "SessionError"]

@@ -134,7 +134,7 @@ def test_bad_session_overrides_are_clear_errors(tiny):
         program.session(kv_dtype="int8")
     with pytest.raises(SessionError, match="windows names layers \\[7\\]"):
         program.session(windows={7: 4})
-    with pytest.raises(SessionError, match="capacity must be positive"):
+    with pytest.raises(SessionError, match="capacity must be an int in \\[1, "):
         program.session(capacity=-1)
 
 
