@@ -13,6 +13,7 @@ _LAZY = {
     "SessionError": "mlxgraph.interpreter.errors",
     "GraphRuntimeError": "mlxgraph.interpreter.errors",
     "CacheError": "mlxgraph.interpreter.kv_cache",
+    "CacheFileError": "mlxgraph.interpreter.errors",
     "Program": "mlxgraph.interpreter.program",
     "Session": "mlxgraph.interpreter.session",
 }

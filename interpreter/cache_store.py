@@ -28,12 +28,14 @@ from mlxgraph.interpreter.cache_layout import (
     slot_mask,
     write_slots,
 )
+from mlxgraph.interpreter.cache_state import StoreState
 from mlxgraph.interpreter.cache_types import CacheError, CachePolicy, LayerGeometry
+from mlxgraph.interpreter.kv_codec import make_codec
 
 _FIRST_ALLOC = 256  # dynamic stores start here (or at the first step's size) and double
 
 
-class KVStore:
+class KVStore(StoreState):
     """History of one layer's keys and values; see the module docstring for the protocol.
 
     Attributes:
@@ -47,6 +49,8 @@ class KVStore:
         self.policy = policy
         self.window = window
         self._slots = slots  # slot modulus, and the most slots ever allocated
+        self._codec = make_codec(geometry.head_dim, geometry.v_head_dim, policy.kv_dtype,
+                                 policy.kv_bits, policy.kv_group_size)
         self.reset()
 
     # -- protocol ---------------------------------------------------------------------
@@ -57,7 +61,7 @@ class KVStore:
         self._oldest = 0  # oldest position whose k/v is still held
         self._keys: mx.array | None = None
         self._values: mx.array | None = None
-        self._dtype = self.policy.kv_dtype
+        self._dtype = self._codec.storage_dtype
         self._batch: int | None = None
         self._pending: int | None = None
         self._staged: tuple | None = None
@@ -103,14 +107,9 @@ class KVStore:
             raise self._error(f"begin({self._pending}) but update() got T={k.shape[2]} tokens")
         compute = k.dtype
         dtype = self._dtype if self._dtype is not None else compute
-        if k.dtype != dtype:
-            k = k.astype(dtype)
-        if v.dtype != dtype:
-            v = v.astype(dtype)
-        keys, values, mask, self._staged = self._stage(k, v, dtype)
-        if dtype != compute:
-            keys, values = keys.astype(compute), values.astype(compute)
-        return keys, values, mask
+        codec = self._codec
+        keys, values, mask, self._staged = self._stage(codec.encode(k, dtype), codec.encode(v, dtype), dtype)
+        return codec.decode(keys, 0, compute), codec.decode(values, 1, compute), mask
 
     def commit(self) -> None:
         """Make the staged write the store's state (``length += T``).
@@ -172,9 +171,9 @@ class KVStore:
         return self._keys.nbytes + self._values.nbytes
 
     def preallocation_elements(self) -> int:
-        """Elements of k + v a preallocated store holds (batch 1, every slot)."""
-        g = self.geometry
-        return self._slots * g.kv_heads * (g.head_dim + g.v_head_dim)
+        """Elements of k + v a preallocated store holds (batch 1, every slot; packed uint32
+        words for a quantized store)."""
+        return self._slots * self.geometry.kv_heads * sum(self._codec.widths)
 
     @property
     def tokens_held(self) -> int:
@@ -228,9 +227,9 @@ class KVStore:
         return min(self._slots, max(needed, 2 * have, _FIRST_ALLOC))
 
     def _buffers(self, batch: int, size: int, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
-        g = self.geometry
-        keys = grown(self._keys, (batch, g.kv_heads, size, g.head_dim), dtype)
-        values = grown(self._values, (batch, g.kv_heads, size, g.v_head_dim), dtype)
+        heads, (kw, vw) = self.geometry.kv_heads, self._codec.widths
+        keys = grown(self._keys, (batch, heads, size, kw), dtype)
+        values = grown(self._values, (batch, heads, size, vw), dtype)
         return keys, values
 
     def _stage(self, k: mx.array, v: mx.array, dtype: mx.Dtype):
@@ -281,6 +280,11 @@ class KVStore:
 class FlatStore(KVStore):
     """Whole history up to ``policy.capacity`` tokens, static or grown by doubling."""
 
+    kind = "flat"
+
+    def _live_slots(self) -> int:
+        return self.length  # slot == position: nothing past the length is ever read
+
     def _check_fits(self, n_new: int) -> None:
         if self.length + n_new > self._slots:
             raise self._error(
@@ -291,3 +295,5 @@ class FlatStore(KVStore):
 
 class RingStore(KVStore):
     """Sliding window in ``window + max_step - 1`` slots; any step size is exact."""
+
+    kind = "ring"

@@ -31,3 +31,5 @@ class CachePolicy:
     preallocate: bool = False
     window: int = 0
     max_step: int = 1
+    kv_bits: int = 0  # 0 = store k/v as floats; 4 or 8 = group-wise affine quantized
+    kv_group_size: int = 64  # elements per quantization group (along the head dim)

@@ -21,3 +21,8 @@ class GraphRuntimeError(RuntimeError):
         self.reason = reason
         src = f" (from {provenance.source} in {provenance.module_path or '?'})" if provenance and provenance.source else ""
         super().__init__(f"{self.path}: node {node_index} ({op}){src}: {reason}")
+
+
+class CacheFileError(ValueError):
+    """A saved session cache file cannot be used: unreadable, truncated, tampered with, or
+    saved from another graph or with another cache policy. Nothing was changed."""

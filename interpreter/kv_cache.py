@@ -10,6 +10,7 @@ import mlx.core as mx
 
 from mlxgraph.interpreter.cache_store import FlatStore, KVStore, RingStore
 from mlxgraph.interpreter.cache_types import CacheError, CachePolicy, LayerGeometry
+from mlxgraph.interpreter.kv_codec import quantization_problem
 
 __all__ = ["CacheError", "CachePolicy", "FlatStore", "KVStore", "LayerGeometry", "RingStore", "make_store"]
 
@@ -21,7 +22,8 @@ def make_store(geometry: LayerGeometry, policy: CachePolicy) -> KVStore:
 
     Args:
         geometry: the layer's head counts, head dims and model sliding window.
-        policy: capacity, storage dtype, flat (window 0) or ring, max_step hint.
+        policy: capacity, storage dtype or quantization bits, flat (window 0) or ring,
+            max_step hint.
 
     Returns:
         A ``FlatStore`` (``policy.window == 0``) or a ``RingStore``. The store applies the
@@ -29,8 +31,9 @@ def make_store(geometry: LayerGeometry, policy: CachePolicy) -> KVStore:
         layer, an explicit approximation) ``policy.window``.
 
     Raises:
-        CacheError: a non-positive size, an unsupported storage dtype, or a ring window
-            smaller than the layer's own sliding window (it would drop needed keys).
+        CacheError: a non-positive size, an unsupported storage dtype, quantization the
+            layer cannot take (bits, group size, head dims; kv_bits with a kv_dtype), or a
+            ring window smaller than the layer's own sliding window (it would drop needed keys).
     """
     g, p = geometry, policy
     where = f"layer {g.layer_id}"
@@ -43,6 +46,12 @@ def make_store(geometry: LayerGeometry, policy: CachePolicy) -> KVStore:
         raise CacheError(f"{where}: max_step must be >= 1, got {p.max_step}")
     if p.kv_dtype is not None and p.kv_dtype not in _STORAGE_DTYPES:
         raise CacheError(f"{where}: kv_dtype must be None, float32, float16 or bfloat16, got {p.kv_dtype}")
+    if p.kv_bits:
+        if p.kv_dtype is not None:
+            raise CacheError(f"{where}: kv_bits={p.kv_bits} stores codes, it cannot also take kv_dtype {p.kv_dtype}")
+        problem = quantization_problem((g.head_dim, g.v_head_dim), p.kv_bits, p.kv_group_size)
+        if problem:
+            raise CacheError(f"{where}: {problem}")
     if p.window == 0:
         if p.capacity < 1:
             raise CacheError(f"{where}: a flat cache needs capacity >= 1, got {p.capacity}")

@@ -6,8 +6,10 @@ out of the FlatBuffer and converted, and where its outputs go. A step then does 
 FlatBuffer parsing. A Program is immutable; any number of sessions share it.
 """
 
+import hashlib
 import mmap
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import mlx.core as mx
@@ -135,7 +137,26 @@ class Program:
         layers = _layer_geometry(graph, nodes)
         return cls(graph, constants, nodes, layers)
 
-    def session(self, capacity=None, kv_dtype=None, windows=None, preallocate=False, max_step=None):
+    @cached_property
+    def fingerprint(self) -> str:
+        """SHA-256 of the graph's FlatBuffer part: its structure, attributes, metadata and
+        every constant's content hash (not the constants' bytes, not the path)."""
+        data = self.graph.data
+        end = min((c.offset for c in self.graph.constants), default=len(data))
+        return hashlib.sha256(memoryview(data)[:end]).hexdigest()
+
+    def restore(self, path):
+        """A new Session holding the KV cache saved in ``path`` (with the policy it was saved with).
+
+        Raises:
+            CacheFileError: the file is unreadable, truncated, changed, or for another graph.
+        """
+        from mlxgraph.interpreter.cache_file import restore
+
+        return restore(self, path)
+
+    def session(self, capacity=None, kv_dtype=None, windows=None, preallocate=False, max_step=None,
+                kv_bits=0, kv_group_size=64):
         """Start a session: its own KV stores and value slots over this program's weights.
 
         Args: as :class:`~mlxgraph.interpreter.session.Session` takes them.
@@ -145,7 +166,7 @@ class Program:
         from mlxgraph.interpreter.session import Session
 
         return Session(self, capacity=capacity, kv_dtype=kv_dtype, windows=windows,
-                       preallocate=preallocate, max_step=max_step)
+                       preallocate=preallocate, max_step=max_step, kv_bits=kv_bits, kv_group_size=kv_group_size)
 
     def __repr__(self) -> str:
         name = Path(self.path).name if self.path else "<bytes>"

@@ -17,6 +17,7 @@ from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, LayerGeometry
 from mlxgraph.interpreter.memory import allocatable_bytes
 from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
 from mlxgraph.interpreter.program import TENSOR, TENSOR_LIST, VALUE
+from mlxgraph.interpreter.session_state import SessionState
 
 DEFAULT_CAPACITY = 4096
 # MLX array dimensions are 32-bit: a cache longer than this cannot be allocated.
@@ -24,11 +25,8 @@ MAX_CAPACITY = 2**31 - 1
 
 
 class StepContext:
-    """What stateful kernels see of the running step: the session's KV stores.
-
-    The step's positions are not here: the session checked them against the stores'
-    length before the step began, so no kernel needs them.
-    """
+    """What stateful kernels see of the running step: the session's KV stores (positions
+    are not here: the session checked them against the stores before the step began)."""
 
     __slots__ = ("stores",)
 
@@ -40,19 +38,24 @@ class StepContext:
         return self.stores[layer_id]
 
 
-class Session:
-    """Runs a Program's main chain step by step with its own KV cache.
+class Session(SessionState):
+    """Runs a Program's main chain step by step with its own KV cache. ``fork()``, ``save``,
+    ``restore``, ``describe`` are in session_state.py (copy/deepcopy fork; pickle is refused).
 
     Args:
         program: the loaded Program.
         capacity: the most tokens of history a full-attention layer holds
             (default: the graph's max context, else 4096).
         kv_dtype: storage dtype of the cache ('float16', mx.float16, ...); None = compute dtype.
-        windows: sliding-window override: an int for every layer, or {layer_id: window}
-            (0 = full attention); default from the graph's metadata.
+        windows: ring window per layer: an int for every layer, or {layer_id: window};
+            default the graph's own sliding windows. On a sliding layer it only sizes the
+            ring (>= the layer's window; 0 = a flat store), never the math; on a
+            full-attention layer a window is an approximation (``session.approximations``).
         preallocate: allocate full-attention stores to capacity at once (static) instead of
             growing them by doubling (dynamic).
         max_step: the largest step expected (sizes ring buffers; larger steps still work).
+        kv_bits: 0 (floats), 4 or 8: store k/v group-wise affine quantized (mx.quantize).
+        kv_group_size: elements per quantization group (32, 64 or 128).
     A session may be used from any thread, one call at a time: a step, trim or reset
     while another thread is inside one raises SessionError (nothing changes).
 
@@ -60,14 +63,18 @@ class Session:
         SessionError: a bad override (capacity or max_step not an int in [1, 2**31 - 1],
             kv_dtype name, windows naming unknown layers).
         CacheError: a policy a store cannot honour (a non-floating kv_dtype, a negative
-            window, a ring window smaller than the layer's own sliding window), or
-            ``preallocate=True`` asking for more memory than the process can allocate.
+            window, a ring window smaller than the layer's own sliding window, kv_bits the
+            head dims cannot take), or ``preallocate=True`` asking for more memory than the
+            process can allocate.
     """
 
-    def __init__(self, program, capacity=None, kv_dtype=None, windows=None, preallocate=False, max_step=None):
+    def __init__(self, program, capacity=None, kv_dtype=None, windows=None, preallocate=False, max_step=None,
+                 kv_bits=0, kv_group_size=64):
         self.program = program
         self._lock = threading.Lock()
         self._thread = threading.get_ident()
+        self._options = {"capacity": capacity, "kv_dtype": kv_dtype, "windows": windows, "preallocate": preallocate,
+                         "max_step": max_step, "kv_bits": kv_bits, "kv_group_size": kv_group_size}
         meta = program.metadata
         default = meta.max_context if 0 < meta.max_context <= MAX_CAPACITY else DEFAULT_CAPACITY
         self.capacity = self._count("capacity", default if capacity is None else capacity)
@@ -158,9 +165,13 @@ class Session:
 
     def _reset(self) -> None:
         self.stores = {}
+        bits, group = int(self._options["kv_bits"] or 0), int(self._options["kv_group_size"])
         for lid, lc in self.program.layers.items():
-            geometry = LayerGeometry(lid, lc.kv_heads, lc.head_dim, lc.v_head_dim, self._windows[lid])
-            policy = CachePolicy(self.capacity, self.kv_dtype, self._preallocate, self._windows[lid], self.max_step)
+            # The geometry is the model's (its own window decides the math); the session's
+            # window only decides how the store keeps history (make_store checks the two).
+            geometry = LayerGeometry(lid, lc.kv_heads, lc.head_dim, lc.v_head_dim, lc.sliding_window)
+            policy = CachePolicy(self.capacity, self.kv_dtype, self._preallocate, self._windows[lid], self.max_step,
+                                 bits, group)
             self.stores[lid] = make_store(geometry, policy)
         self._ctx = StepContext(self.stores)
         self._length = 0

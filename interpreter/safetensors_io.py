@@ -1,0 +1,169 @@
+"""The safetensors container, written and read with numpy only (no torch, no new dependency).
+
+Layout (https://github.com/huggingface/safetensors): 8 bytes little-endian header length
+``N``, then ``N`` bytes of UTF-8 JSON ``{name: {"dtype", "shape", "data_offsets"}, ...,
+"__metadata__": {str: str}}``, then the data section, each tensor's bytes at its offsets.
+
+The reader is strict, because a cache file may come from a stranger: the header is
+bounded, every entry is checked (known dtype, shape of non-negative ints, offsets that
+match the shape), the tensors tile the data section exactly (no gaps, overlaps or
+trailing bytes), and arrays are read-only views of a memory map (nothing is read twice
+into memory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import mmap
+import struct
+
+import numpy as np
+
+MAX_HEADER_BYTES = 16 << 20
+_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "U32": "<u4", "U16": "<u2", "I32": "<i4",
+           "I64": "<i8", "U8": "u1"}
+
+
+class SafetensorsError(ValueError):
+    """The file is not a well-formed safetensors file (the message says what is wrong)."""
+
+
+def write(path, tensors: dict, metadata: dict, st_dtypes: dict | None = None, seal: str | None = None) -> None:
+    """Write ``tensors`` ({name: ndarray}) and string ``metadata`` as one safetensors file.
+
+    Args:
+        path: where to write (replaced atomically: written beside it, then renamed).
+        tensors: C-contiguous-able numpy arrays of a dtype in the table above.
+        metadata: {str: str}.
+        st_dtypes: {name: safetensors dtype} where the numpy dtype is ambiguous (BF16 bits).
+        seal: a metadata key to store a SHA-256 of everything else in the file under
+            (see ``SafetensorsFile.seal_matches``).
+    Raises:
+        OSError: the file cannot be written.
+    """
+    import os
+
+    header, offset = {}, 0
+    arrays = []
+    for name in sorted(tensors):
+        arr = np.ascontiguousarray(tensors[name])
+        st = (st_dtypes or {}).get(name) or next(k for k, v in _DTYPES.items() if np.dtype(v) == arr.dtype)
+        header[name] = {"dtype": st, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+        arrays.append(arr)
+    meta = dict(metadata)
+    if seal:
+        digest = _sealed_digest(meta, header)
+        for arr in arrays:
+            digest.update(memoryview(arr).cast("B"))
+        meta[seal] = digest.hexdigest()
+    header["__metadata__"] = meta
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for arr in arrays:
+            f.write(memoryview(arr).cast("B"))
+    os.replace(tmp, path)
+
+
+class SafetensorsFile:
+    """A checked safetensors file: ``metadata``, ``entries`` ({name: (dtype, shape)}),
+    ``array(name)`` (a read-only numpy view), ``data`` (the data section's bytes)."""
+
+    def __init__(self, path):
+        self.path = path
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            if size < 8:
+                raise SafetensorsError(f"truncated: {size} bytes, not even a header length")
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        (n,) = struct.unpack("<Q", self._map[:8])
+        if n > MAX_HEADER_BYTES:
+            raise SafetensorsError(f"header length {n} is over the {MAX_HEADER_BYTES}-byte limit")
+        if 8 + n > size:
+            raise SafetensorsError(f"truncated: the header needs {n} bytes, the file has {size - 8} after its length")
+        try:
+            header = json.loads(bytes(self._map[8:8 + n]).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise SafetensorsError(f"header is not JSON ({e})") from None
+        if not isinstance(header, dict):
+            raise SafetensorsError("header is not a JSON object")
+        meta = header.pop("__metadata__", {})
+        if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+            raise SafetensorsError("__metadata__ must map strings to strings")
+        self.metadata = meta
+        self._start = 8 + n
+        self.data = memoryview(self._map)[self._start:]
+        self.entries = {}
+        self._offsets = {}
+        spans = []
+        for name, entry in header.items():
+            dtype, shape, (begin, end) = _entry(name, entry)
+            spans.append((begin, end, name))
+            self.entries[name] = (dtype, shape)
+            self._offsets[name] = begin
+        spans.sort()
+        at = 0
+        for begin, end, name in spans:
+            if begin != at:
+                raise SafetensorsError(f"tensor {name!r} starts at {begin}, expected {at} (gap or overlap)")
+            at = end
+        if at != len(self.data):
+            what = "truncated" if at > len(self.data) else "trailing bytes"
+            raise SafetensorsError(f"{what}: the tensors need {at} data bytes, the file has {len(self.data)}")
+
+    def seal_matches(self, seal: str) -> bool:
+        """Whether metadata[seal] is the SHA-256 of the rest of the file (False if absent)."""
+        meta = dict(self.metadata)
+        stored = meta.pop(seal, None)
+        if stored is None:
+            return False
+        header = {name: {"dtype": d, "shape": list(s), "data_offsets": [self._offsets[name],
+                                                                          self._offsets[name] + self._size(name)]}
+                  for name, (d, s) in self.entries.items()}
+        digest = _sealed_digest(meta, header)
+        for i in range(0, len(self.data), 1 << 24):
+            digest.update(self.data[i:i + (1 << 24)])
+        return digest.hexdigest() == stored
+
+    def _size(self, name: str) -> int:
+        dtype, shape = self.entries[name]
+        return math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
+
+    def array(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as a read-only numpy view (BF16 as uint16 bits)."""
+        dtype, shape = self.entries[name]
+        np_dtype = np.dtype(_DTYPES[dtype])
+        count = math.prod(shape)
+        return np.frombuffer(self.data, dtype=np_dtype, count=count, offset=self._offsets[name]).reshape(shape)
+
+
+def _sealed_digest(meta: dict, header: dict):
+    """SHA-256 started on the metadata (less the seal) and the tensor table, canonically."""
+    table = {name: [e["dtype"], list(e["shape"]), list(e["data_offsets"])] for name, e in header.items()
+             if name != "__metadata__"}
+    canonical = json.dumps({"metadata": meta, "tensors": table}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode())
+
+
+def _entry(name, entry):
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise SafetensorsError(f"tensor {name!r}: entry must have exactly dtype, shape, data_offsets")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if dtype not in _DTYPES:
+        raise SafetensorsError(f"tensor {name!r}: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise SafetensorsError(f"tensor {name!r}: shape must be a list of non-negative ints, got {shape!r}")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int and o >= 0 for o in offsets)
+            or offsets[1] < offsets[0]):
+        raise SafetensorsError(f"tensor {name!r}: data_offsets must be [begin, end], got {offsets!r}")
+    want = math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
+    if offsets[1] - offsets[0] != want:
+        raise SafetensorsError(f"tensor {name!r}: {offsets[1] - offsets[0]} bytes for shape {shape} {dtype} "
+                               f"({want} bytes)")
+    return dtype, tuple(shape), offsets
