@@ -64,10 +64,19 @@ def save_session(session, path, tokens=None) -> int:
                 tensors[key] = arr
                 if info["dtype"] == "bfloat16":
                     st_dtypes[key] = "BF16"
-    doc = {"length": session.length, "policy": session.policy, "tokens": tokens, "layers": layers,
-           "approximations": {str(k): v for k, v in session.approximations.items()}}
-    meta = {"mlxgraph.format": FORMAT, "mlxgraph.version": VERSION,
-            "mlxgraph.graph": session.program.fingerprint, "mlxgraph.session": json.dumps(doc)}
+    doc = {
+        "length": session.length,
+        "policy": session.policy,
+        "tokens": tokens,
+        "layers": layers,
+        "approximations": {str(k): v for k, v in session.approximations.items()},
+    }
+    meta = {
+        "mlxgraph.format": FORMAT,
+        "mlxgraph.version": VERSION,
+        "mlxgraph.graph": session.program.fingerprint,
+        "mlxgraph.session": json.dumps(doc),
+    }
     write(path, tensors, meta, st_dtypes, seal=SEAL)
     return Path(path).stat().st_size
 
@@ -90,15 +99,26 @@ class CacheFile:
             raise self._error(f"not a readable cache file: {e}") from None
         meta = self._st.metadata
         if meta.get("mlxgraph.format") != FORMAT:
-            raise self._error(f"not an mlxgraph cache file (format {meta.get('mlxgraph.format')!r})")
+            raise self._error(
+                f"not an mlxgraph cache file (format {meta.get('mlxgraph.format')!r})"
+            )
         if meta.get("mlxgraph.version") != VERSION:
-            raise self._error(f"cache file version {meta.get('mlxgraph.version')!r}; this mlxgraph reads {VERSION}")
+            raise self._error(
+                f"cache file version {meta.get('mlxgraph.version')!r}; "
+                f"this mlxgraph reads {VERSION}"
+            )
         if not self._st.seal_matches(SEAL):
-            raise self._error("the contents do not match their SHA-256 seal (the file was changed or damaged)")
+            raise self._error(
+                "the contents do not match their SHA-256 seal (the file was changed or damaged)"
+            )
         self.graph = meta.get("mlxgraph.graph")
         try:
             doc = json.loads(meta["mlxgraph.session"])
-            self.length, self.policy, self.tokens = int(doc["length"]), dict(doc["policy"]), doc["tokens"]
+            self.length, self.policy, self.tokens = (
+                int(doc["length"]),
+                dict(doc["policy"]),
+                doc["tokens"],
+            )
             self.layers = {int(lid): dict(info) for lid, info in doc["layers"].items()}
             self.approximations = dict(doc.get("approximations") or {})
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -110,23 +130,43 @@ class CacheFile:
         """Every layer's header agrees with its tensors (readers index slots with it)."""
         bits, group = self.policy.get("kv_bits"), self.policy.get("kv_group_size")
         if bits not in (0, 4, 8) or group not in (32, 64, 128):
-            raise self._error(f"kv_bits {bits!r} / kv_group_size {group!r} are not ones mlxgraph writes")
+            raise self._error(
+                f"kv_bits {bits!r} / kv_group_size {group!r} are not ones mlxgraph writes"
+            )
         for lid, info in self.layers.items():
             fields = [info.get(k) for k in ("length", "oldest", "slots", "modulus", "window")]
             if not all(type(x) is int and x >= 0 for x in fields):
-                raise self._error(f"layer {lid}: length, oldest, slots, modulus, window must be ints >= 0")
+                raise self._error(
+                    f"layer {lid}: length, oldest, slots, modulus, window must be ints >= 0"
+                )
             length, oldest, slots, modulus, _ = fields
-            if oldest > length or length - oldest > slots or slots > modulus or length != self.length:
-                raise self._error(f"layer {lid}: positions {oldest}..{length} do not fit {slots} of {modulus} slots")
+            if (
+                oldest > length
+                or length - oldest > slots
+                or slots > modulus
+                or length != self.length
+            ):
+                raise self._error(
+                    f"layer {lid}: positions {oldest}..{length} do not fit "
+                    f"{slots} of {modulus} slots"
+                )
             if not slots:
                 continue
-            names = [f"layer.{lid}.{n}" + (f".{p}" if bits else "") for n in ("keys", "values")
-                     for p in (_PARTS if bits else ("",))]
+            names = [
+                f"layer.{lid}.{n}" + (f".{p}" if bits else "")
+                for n in ("keys", "values")
+                for p in (_PARTS if bits else ("",))
+            ]
             shapes = {self._st.entries[n][1] if n in self._st.entries else None for n in names}
-            if None in shapes or {(len(s), s[2]) for s in shapes if len(s) > 2} != {(4, slots)} or len(
-                    {s[:3] for s in shapes}) != 1:
-                raise self._error(f"layer {lid}: its tensors {sorted(names)} are missing or do not all "
-                                  f"hold [B, H, {slots}, ...]")
+            if (
+                None in shapes
+                or {(len(s), s[2]) for s in shapes if len(s) > 2} != {(4, slots)}
+                or len({s[:3] for s in shapes}) != 1
+            ):
+                raise self._error(
+                    f"layer {lid}: its tensors {sorted(names)} are missing or do not all "
+                    f"hold [B, H, {slots}, ...]"
+                )
 
     def _error(self, what: str) -> CacheFileError:
         return CacheFileError(f"{self.path}: {what}")
@@ -166,20 +206,32 @@ def load_into(session, cache: CacheFile) -> None:
     """
     program = session.program
     if cache.graph != program.fingerprint:
-        raise cache._error(f"saved from another graph (fingerprint {str(cache.graph)[:16]}), "
-                           f"not {program.path or '<bytes>'} (fingerprint {program.fingerprint[:16]})")
+        raise cache._error(
+            f"saved from another graph (fingerprint {str(cache.graph)[:16]}), "
+            f"not {program.path or '<bytes>'} (fingerprint {program.fingerprint[:16]})"
+        )
     if cache.policy != session.policy:
-        diff = sorted(k for k in set(cache.policy) | set(session.policy)
-                      if cache.policy.get(k) != session.policy.get(k))
-        raise cache._error(f"saved with another cache policy ({', '.join(diff)}: file "
-                           f"{[cache.policy.get(k) for k in diff]}, session {[session.policy.get(k) for k in diff]})")
+        diff = sorted(
+            k
+            for k in set(cache.policy) | set(session.policy)
+            if cache.policy.get(k) != session.policy.get(k)
+        )
+        raise cache._error(
+            f"saved with another cache policy ({', '.join(diff)}: file "
+            f"{[cache.policy.get(k) for k in diff]}, "
+            f"session {[session.policy.get(k) for k in diff]})"
+        )
     if set(cache.layers) != set(session.stores):
-        raise cache._error(f"holds layers {sorted(cache.layers)}, the graph has {sorted(session.stores)}")
+        raise cache._error(
+            f"holds layers {sorted(cache.layers)}, the graph has {sorted(session.stores)}"
+        )
     states, expected = {}, set()
     for lid, store in session.stores.items():
         info = cache.layers[lid]
         if info.get("length") != cache.length:
-            raise cache._error(f"layer {lid} holds {info.get('length')} positions, the session {cache.length}")
+            raise cache._error(
+                f"layer {lid} holds {info.get('length')} positions, the session {cache.length}"
+            )
         bits = store.policy.kv_bits
         arrays = cache.arrays(lid, bits) if info.get("slots") else {}
         names = [f"layer.{lid}.{n}" for n in arrays]

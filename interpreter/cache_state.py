@@ -19,11 +19,20 @@ import numpy as np
 
 from mlxgraph.interpreter.cache_layout import grown
 
-_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16, "uint32": mx.uint32}
+_DTYPES = {
+    "float32": mx.float32,
+    "float16": mx.float16,
+    "bfloat16": mx.bfloat16,
+    "uint32": mx.uint32,
+}
 _NAMES = {v: k for k, v in _DTYPES.items()}
 # How each storage dtype travels as numpy (bfloat16 as its bit pattern).
-_NUMPY = {mx.float32: np.dtype("<f4"), mx.float16: np.dtype("<f2"), mx.bfloat16: np.dtype("<u2"),
-          mx.uint32: np.dtype("<u4")}
+_NUMPY = {
+    mx.float32: np.dtype("<f4"),
+    mx.float16: np.dtype("<f2"),
+    mx.bfloat16: np.dtype("<u2"),
+    mx.uint32: np.dtype("<u4"),
+}
 
 
 class StoreState:
@@ -50,8 +59,10 @@ class StoreState:
         return self.fork()
 
     def __reduce_ex__(self, protocol):
-        raise TypeError(f"{type(self).__name__} cannot be pickled (it holds MLX arrays); use fork() for "
-                        "a copy, Session.save(path) to keep it")
+        raise TypeError(
+            f"{type(self).__name__} cannot be pickled (it holds MLX arrays); use fork() for "
+            "a copy, Session.save(path) to keep it"
+        )
 
     def describe(self) -> dict:
         """What the store holds: kind, positions, window, storage and bytes (JSON-ready)."""
@@ -66,7 +77,11 @@ class StoreState:
             "window": self.window,
             "slots": self._slots,
             "allocated_slots": 0 if self._keys is None else self._keys.shape[2],
-            "dtype": None if self._dtype is None else _NAMES[self._dtype] if codec.bits == 0 else None,
+            "dtype": None
+            if self._dtype is None
+            else _NAMES[self._dtype]
+            if codec.bits == 0
+            else None,
             "bits": codec.bits,
             "group_size": codec.group_size if codec.bits else None,
             "bytes": self.nbytes,
@@ -91,9 +106,16 @@ class StoreState:
             raise self._error("cannot save while a step is open")
         # window and modulus are for readers of the file (position p sits in slot p % modulus);
         # a restoring store takes them from its own policy.
-        info = {"kind": self.kind, "length": self.length, "oldest": self._oldest,
-                "batch": self._batch, "dtype": None if self._dtype is None else _NAMES[self._dtype],
-                "slots": 0, "window": self.window, "modulus": self._slots}
+        info = {
+            "kind": self.kind,
+            "length": self.length,
+            "oldest": self._oldest,
+            "batch": self._batch,
+            "dtype": None if self._dtype is None else _NAMES[self._dtype],
+            "slots": 0,
+            "window": self.window,
+            "modulus": self._slots,
+        }
         if self._keys is None:
             return info, {}
         n = self._live_slots()
@@ -128,34 +150,55 @@ class StoreState:
             keys = grown(keys, (*keys.shape[:2], size, keys.shape[3]), dtype)
             values = grown(values, (*values.shape[:2], size, values.shape[3]), dtype)
         self.length, self._oldest, self._dtype, self._batch, self._keys, self._values = (
-            length, oldest, dtype, batch, keys, values)
+            length,
+            oldest,
+            dtype,
+            batch,
+            keys,
+            values,
+        )
 
     def _checked_state(self, info: dict, arrays: dict) -> tuple:
         if info.get("kind") != self.kind:
-            raise self._error(f"the snapshot is of a {info.get('kind')!r} store, this is a {self.kind!r} store")
+            raise self._error(
+                f"the snapshot is of a {info.get('kind')!r} store, this is a {self.kind!r} store"
+            )
         if (info.get("modulus"), info.get("window")) != (self._slots, self.window):
-            raise self._error(f"the snapshot's ring of {info.get('modulus')} slots, window {info.get('window')} "
-                              f"is not this store's {self._slots} slots, window {self.window}")
+            raise self._error(
+                f"the snapshot's ring of {info.get('modulus')} slots, window {info.get('window')} "
+                f"is not this store's {self._slots} slots, window {self.window}"
+            )
         length, oldest, n, batch = (info.get(k) for k in ("length", "oldest", "slots", "batch"))
         if not all(isinstance(x, int) and x >= 0 for x in (length, oldest, n)):
             raise self._error("the snapshot's length, oldest and slots must be non-negative ints")
         dtype = _DTYPES.get(info.get("dtype")) if info.get("dtype") is not None else None
         want_dtype = self._codec.storage_dtype
-        if info.get("dtype") is not None and (dtype is None or (want_dtype is not None and dtype != want_dtype)
-                                              or (self._codec.bits == 0 and dtype == mx.uint32)):
-            raise self._error(f"the snapshot stores {info.get('dtype')}, this store needs "
-                              f"{_NAMES.get(want_dtype, 'a float dtype')}")
+        if info.get("dtype") is not None and (
+            dtype is None
+            or (want_dtype is not None and dtype != want_dtype)
+            or (self._codec.bits == 0 and dtype == mx.uint32)
+        ):
+            raise self._error(
+                f"the snapshot stores {info.get('dtype')}, this store needs "
+                f"{_NAMES.get(want_dtype, 'a float dtype')}"
+            )
         if n == 0:
             if length or oldest or arrays:
                 raise self._error("the snapshot holds positions but no slots")
             return 0, 0, want_dtype, None, None, None
         if n > self._slots or oldest > length or length - oldest > self._slots:
-            raise self._error(f"the snapshot's {n} slots / positions {oldest}..{length} do not fit "
-                              f"{self._slots} slots")
+            raise self._error(
+                f"the snapshot's {n} slots / positions {oldest}..{length} do not fit "
+                f"{self._slots} slots"
+            )
         if self.kind == "flat" and (n != length or oldest != 0):
-            raise self._error("a flat snapshot must hold exactly its length's slots from position 0")
+            raise self._error(
+                "a flat snapshot must hold exactly its length's slots from position 0"
+            )
         if self.kind != "flat" and n < min(self._slots, length):
-            raise self._error(f"the snapshot's {n} slots cannot hold positions {oldest}..{length - 1}")
+            raise self._error(
+                f"the snapshot's {n} slots cannot hold positions {oldest}..{length - 1}"
+            )
         if not isinstance(batch, int) or batch < 1 or dtype is None:
             raise self._error("the snapshot's batch must be an int >= 1 and its dtype known")
         heads, widths = self.geometry.kv_heads, self._codec.widths
@@ -164,7 +207,11 @@ class StoreState:
             arr = arrays.get(name)
             want = (batch, heads, n, width)
             if not isinstance(arr, np.ndarray) or arr.shape != want or arr.dtype != _NUMPY[dtype]:
-                got = None if arr is None else (getattr(arr, "shape", None), getattr(arr, "dtype", None))
+                got = (
+                    None
+                    if arr is None
+                    else (getattr(arr, "shape", None), getattr(arr, "dtype", None))
+                )
                 raise self._error(f"snapshot {name}: expected {want} {_NUMPY[dtype]}, got {got}")
             buf = mx.array(arr)
             bufs.append(buf.view(mx.bfloat16) if dtype == mx.bfloat16 else buf)

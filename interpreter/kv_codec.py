@@ -49,7 +49,9 @@ class QuantizedCodec:
 
     def encode(self, x: mx.array, dtype: mx.Dtype) -> mx.array:
         """Quantize ``[..., D]`` rows (in float32, so scales are float32) and pack them."""
-        codes, scales, biases = mx.quantize(x.astype(mx.float32), group_size=self.group_size, bits=self.bits)
+        codes, scales, biases = mx.quantize(
+            x.astype(mx.float32), group_size=self.group_size, bits=self.bits
+        )
         return mx.concatenate([codes, scales.view(mx.uint32), biases.view(mx.uint32)], axis=-1)
 
     def decode(self, rows: mx.array, which: int, compute: mx.Dtype) -> mx.array:
@@ -67,7 +69,7 @@ def packed_width(dim: int, bits: int, group_size: int) -> int:
 def unpack(rows, dim: int, bits: int, group_size: int):
     """Split packed uint32 rows (mx or numpy) into (codes, float32 scales, float32 biases)."""
     n, g = dim * bits // 32, dim // group_size
-    codes, scales, biases = rows[..., :n], rows[..., n:n + g], rows[..., n + g:n + 2 * g]
+    codes, scales, biases = rows[..., :n], rows[..., n : n + g], rows[..., n + g : n + 2 * g]
     if isinstance(rows, mx.array):
         return codes, scales.view(mx.float32), biases.view(mx.float32)
     return codes, scales.view("<f4"), biases.view("<f4")

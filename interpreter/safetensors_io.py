@@ -22,15 +22,25 @@ import struct
 import numpy as np
 
 MAX_HEADER_BYTES = 16 << 20
-_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "U32": "<u4", "U16": "<u2", "I32": "<i4",
-           "I64": "<i8", "U8": "u1"}
+_DTYPES = {
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": "<u2",
+    "U32": "<u4",
+    "U16": "<u2",
+    "I32": "<i4",
+    "I64": "<i8",
+    "U8": "u1",
+}
 
 
 class SafetensorsError(ValueError):
     """The file is not a well-formed safetensors file (the message says what is wrong)."""
 
 
-def write(path, tensors: dict, metadata: dict, st_dtypes: dict | None = None, seal: str | None = None) -> None:
+def write(
+    path, tensors: dict, metadata: dict, st_dtypes: dict | None = None, seal: str | None = None
+) -> None:
     """Write ``tensors`` ({name: ndarray}) and string ``metadata`` as one safetensors file.
 
     Args:
@@ -49,8 +59,14 @@ def write(path, tensors: dict, metadata: dict, st_dtypes: dict | None = None, se
     arrays = []
     for name in sorted(tensors):
         arr = np.ascontiguousarray(tensors[name])
-        st = (st_dtypes or {}).get(name) or next(k for k, v in _DTYPES.items() if np.dtype(v) == arr.dtype)
-        header[name] = {"dtype": st, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
+        st = (st_dtypes or {}).get(name) or next(
+            k for k, v in _DTYPES.items() if np.dtype(v) == arr.dtype
+        )
+        header[name] = {
+            "dtype": st,
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + arr.nbytes],
+        }
         offset += arr.nbytes
         arrays.append(arr)
     meta = dict(metadata)
@@ -86,19 +102,23 @@ class SafetensorsFile:
         if n > MAX_HEADER_BYTES:
             raise SafetensorsError(f"header length {n} is over the {MAX_HEADER_BYTES}-byte limit")
         if 8 + n > size:
-            raise SafetensorsError(f"truncated: the header needs {n} bytes, the file has {size - 8} after its length")
+            raise SafetensorsError(
+                f"truncated: the header needs {n} bytes, the file has {size - 8} after its length"
+            )
         try:
-            header = json.loads(bytes(self._map[8:8 + n]).decode("utf-8"))
+            header = json.loads(bytes(self._map[8 : 8 + n]).decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
             raise SafetensorsError(f"header is not JSON ({e})") from None
         if not isinstance(header, dict):
             raise SafetensorsError("header is not a JSON object")
         meta = header.pop("__metadata__", {})
-        if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        if not isinstance(meta, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
+        ):
             raise SafetensorsError("__metadata__ must map strings to strings")
         self.metadata = meta
         self._start = 8 + n
-        self.data = memoryview(self._map)[self._start:]
+        self.data = memoryview(self._map)[self._start :]
         self.entries = {}
         self._offsets = {}
         spans = []
@@ -111,11 +131,15 @@ class SafetensorsFile:
         at = 0
         for begin, end, name in spans:
             if begin != at:
-                raise SafetensorsError(f"tensor {name!r} starts at {begin}, expected {at} (gap or overlap)")
+                raise SafetensorsError(
+                    f"tensor {name!r} starts at {begin}, expected {at} (gap or overlap)"
+                )
             at = end
         if at != len(self.data):
             what = "truncated" if at > len(self.data) else "trailing bytes"
-            raise SafetensorsError(f"{what}: the tensors need {at} data bytes, the file has {len(self.data)}")
+            raise SafetensorsError(
+                f"{what}: the tensors need {at} data bytes, the file has {len(self.data)}"
+            )
 
     def seal_matches(self, seal: str) -> bool:
         """Whether metadata[seal] is the SHA-256 of the rest of the file (False if absent)."""
@@ -123,12 +147,17 @@ class SafetensorsFile:
         stored = meta.pop(seal, None)
         if stored is None:
             return False
-        header = {name: {"dtype": d, "shape": list(s), "data_offsets": [self._offsets[name],
-                                                                          self._offsets[name] + self._size(name)]}
-                  for name, (d, s) in self.entries.items()}
+        header = {
+            name: {
+                "dtype": d,
+                "shape": list(s),
+                "data_offsets": [self._offsets[name], self._offsets[name] + self._size(name)],
+            }
+            for name, (d, s) in self.entries.items()
+        }
         digest = _sealed_digest(meta, header)
         for i in range(0, len(self.data), 1 << 24):
-            digest.update(self.data[i:i + (1 << 24)])
+            digest.update(self.data[i : i + (1 << 24)])
         return digest.hexdigest() == stored
 
     def _size(self, name: str) -> int:
@@ -140,30 +169,49 @@ class SafetensorsFile:
         dtype, shape = self.entries[name]
         np_dtype = np.dtype(_DTYPES[dtype])
         count = math.prod(shape)
-        return np.frombuffer(self.data, dtype=np_dtype, count=count, offset=self._offsets[name]).reshape(shape)
+        return np.frombuffer(
+            self.data, dtype=np_dtype, count=count, offset=self._offsets[name]
+        ).reshape(shape)
 
 
 def _sealed_digest(meta: dict, header: dict):
     """SHA-256 started on the metadata (less the seal) and the tensor table, canonically."""
-    table = {name: [e["dtype"], list(e["shape"]), list(e["data_offsets"])] for name, e in header.items()
-             if name != "__metadata__"}
-    canonical = json.dumps({"metadata": meta, "tensors": table}, sort_keys=True, separators=(",", ":"))
+    table = {
+        name: [e["dtype"], list(e["shape"]), list(e["data_offsets"])]
+        for name, e in header.items()
+        if name != "__metadata__"
+    }
+    canonical = json.dumps(
+        {"metadata": meta, "tensors": table}, sort_keys=True, separators=(",", ":")
+    )
     return hashlib.sha256(canonical.encode())
 
 
 def _entry(name, entry):
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
-        raise SafetensorsError(f"tensor {name!r}: entry must have exactly dtype, shape, data_offsets")
+        raise SafetensorsError(
+            f"tensor {name!r}: entry must have exactly dtype, shape, data_offsets"
+        )
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if dtype not in _DTYPES:
         raise SafetensorsError(f"tensor {name!r}: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise SafetensorsError(f"tensor {name!r}: shape must be a list of non-negative ints, got {shape!r}")
-    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int and o >= 0 for o in offsets)
-            or offsets[1] < offsets[0]):
-        raise SafetensorsError(f"tensor {name!r}: data_offsets must be [begin, end], got {offsets!r}")
+        raise SafetensorsError(
+            f"tensor {name!r}: shape must be a list of non-negative ints, got {shape!r}"
+        )
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(type(o) is int and o >= 0 for o in offsets)
+        or offsets[1] < offsets[0]
+    ):
+        raise SafetensorsError(
+            f"tensor {name!r}: data_offsets must be [begin, end], got {offsets!r}"
+        )
     want = math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
     if offsets[1] - offsets[0] != want:
-        raise SafetensorsError(f"tensor {name!r}: {offsets[1] - offsets[0]} bytes for shape {shape} {dtype} "
-                               f"({want} bytes)")
+        raise SafetensorsError(
+            f"tensor {name!r}: {offsets[1] - offsets[0]} bytes for shape {shape} {dtype} "
+            f"({want} bytes)"
+        )
     return dtype, tuple(shape), offsets

@@ -34,8 +34,10 @@ class SessionState:
         return self.fork()
 
     def __reduce_ex__(self, protocol):
-        raise TypeError("a Session cannot be pickled (it holds MLX arrays): use session.fork() for an "
-                        "independent copy, session.save(path) and program.restore(path) across processes")
+        raise TypeError(
+            "a Session cannot be pickled (it holds MLX arrays): use session.fork() for an "
+            "independent copy, session.save(path) and program.restore(path) across processes"
+        )
 
     @property
     def policy(self) -> dict:
@@ -65,9 +67,14 @@ class SessionState:
         JSON-ready; the same view as ``mlxgraph cache inspect`` gives for a saved file.
         """
         layers = [store.describe() for store in self.stores.values()]
-        return {"graph": self.program.fingerprint, "length": self._length, "policy": self.policy,
-                "approximations": {str(k): v for k, v in self.approximations.items()},
-                "bytes": sum(la["bytes"] for la in layers), "layers": layers}
+        return {
+            "graph": self.program.fingerprint,
+            "length": self._length,
+            "policy": self.policy,
+            "approximations": {str(k): v for k, v in self.approximations.items()},
+            "bytes": sum(la["bytes"] for la in layers),
+            "layers": layers,
+        }
 
     def save(self, path, tokens=None) -> int:
         """Save the cache to ``path`` (safetensors, see interpreter/cache_file.py).

@@ -24,7 +24,7 @@ TOL = 2e-4
 
 @pytest.fixture(scope="module")
 def graphs(tmp_path_factory):
-    """{'mixed': (path, weights)} sliding 3 + full layers, 'sliding8', and 'other' (other weights)."""
+    """{'mixed': (path, weights)}: sliding 3 + full layers; 'sliding8'; 'other' (other weights)."""
     folder = tmp_path_factory.mktemp("g")
     out = {}
     for name, windows, seed in (("mixed", (3, 0), 0), ("sliding8", (8,), 0), ("other", (3, 0), 1)):
@@ -38,7 +38,9 @@ def feed(session, rng, steps, sizes=(1, 1, 2, 3, 5)):
     out = []
     for _ in range(steps):
         toks = rng.integers(0, VOCAB, int(rng.choice(sizes)))
-        logits = session.step(mx.array(toks[None].astype(np.int32)), range(session.length, session.length + len(toks)))
+        logits = session.step(
+            mx.array(toks[None].astype(np.int32)), range(session.length, session.length + len(toks))
+        )
         out.append((toks, np.array(logits)))
     return out
 
@@ -46,7 +48,9 @@ def feed(session, rng, steps, sizes=(1, 1, 2, 3, 5)):
 def replay(session, fed):
     """Feed ``fed``'s tokens again; the logits must be bitwise what ``fed`` recorded."""
     for toks, want in fed:
-        got = session.step(mx.array(toks[None].astype(np.int32)), range(session.length, session.length + len(toks)))
+        got = session.step(
+            mx.array(toks[None].astype(np.int32)), range(session.length, session.length + len(toks))
+        )
         np.testing.assert_array_equal(np.array(got), want)
 
 
@@ -59,7 +63,9 @@ def check_oracle(fed, oracle):
 # ------------------------------------------------------------------------ windows
 def test_ring_smaller_than_the_layers_window_is_refused(graphs):
     program = mlxgraph.load(graphs["sliding8"][0])
-    with pytest.raises(CacheError, match="ring window 4 is smaller than the layer's sliding window 8"):
+    with pytest.raises(
+        CacheError, match="ring window 4 is smaller than the layer's sliding window 8"
+    ):
         program.session(windows=4)
     with pytest.raises(CacheError, match="smaller than the layer's sliding window 8"):
         program.session(windows={0: 7})
@@ -105,7 +111,9 @@ def test_pickle_is_refused_and_names_fork(graphs):
 
 
 # ------------------------------------------------------------------------ save / restore
-@pytest.mark.parametrize("policy", [{}, {"kv_dtype": "bfloat16", "preallocate": True}, {"windows": {0: 6, 1: 4}}])
+@pytest.mark.parametrize(
+    "policy", [{}, {"kv_dtype": "bfloat16", "preallocate": True}, {"windows": {0: 6, 1: 4}}]
+)
 def test_save_restore_continues_bitwise(graphs, tmp_path, policy):
     program = mlxgraph.load(graphs["mixed"][0])
     session = program.session(capacity=64, max_step=3, **policy)
@@ -116,7 +124,8 @@ def test_save_restore_continues_bitwise(graphs, tmp_path, policy):
     restored = program.restore(file)
     assert restored.length == session.length and restored.policy == session.policy
     assert [la["tokens"] for la in restored.describe()["layers"]] == [
-        la["tokens"] for la in session.describe()["layers"]]
+        la["tokens"] for la in session.describe()["layers"]
+    ]
     replay(restored, feed(session, np.random.default_rng(1), 8))
 
 
@@ -138,10 +147,13 @@ def test_restore_refusals_leave_the_session_unchanged(graphs, tmp_path):
         "another graph": (tmp_path / "other.safetensors", "saved from another graph"),
         "truncated": (raw[: len(raw) - 7], "truncated"),
         "tampered data": (raw[:-3] + bytes([raw[-3] ^ 1]) + raw[-2:], "SHA-256 seal"),
-        "tampered header": (raw.replace(b'{\\"length\\": 1', b'{\\"length\\": 2', 1), "SHA-256 seal"),
+        "tampered header": (
+            raw.replace(b'{\\"length\\": 1', b'{\\"length\\": 2', 1),
+            "SHA-256 seal",
+        ),
         "not a file": (b"\x00" * 3, "truncated"),
         "huge header": ((1 << 40).to_bytes(8, "little") + raw[8:], "over the"),
-        "bad json": (raw[:8] + b"{" * header_len + raw[8 + header_len:], "not JSON"),
+        "bad json": (raw[:8] + b"{" * header_len + raw[8 + header_len :], "not JSON"),
     }
     target = program.session(capacity=64, max_step=3)
     base = feed(target, np.random.default_rng(7), 4)
@@ -216,7 +228,9 @@ def test_quantized_kv_is_close_and_restores_bitwise(wide, tmp_path, bits):
 
 def test_kv_bits_a_store_cannot_honour_is_refused(graphs, wide):
     program = mlxgraph.load(graphs["mixed"][0])
-    with pytest.raises(CacheError, match="head_dim 8 is not a multiple of the quantization group size 64"):
+    with pytest.raises(
+        CacheError, match="head_dim 8 is not a multiple of the quantization group size 64"
+    ):
         program.session(kv_bits=8)
     with pytest.raises(CacheError, match="kv_bits must be 0"):
         wide.session(kv_bits=3)

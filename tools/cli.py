@@ -17,6 +17,7 @@ COMMANDS = {
     "verify": ("verify_cmd", "check a graph file (exit 0 valid, 1 invalid)"),
     "diff": ("diff_cmd", "aligned node-stream diff of two graph files (exit 0 same, 1 different)"),
     "compare": ("compare_cmd", "run two graph files and find the first node that diverges"),
+    "cache": ("cache_cmd", "inspect a saved KV cache file, or diff two (exit 0 same, 1 different)"),
 }
 
 

@@ -45,6 +45,19 @@ def add_arguments(p) -> None:
                    help=f"prompt tokens per prefill step (default {DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--kv-dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="KV cache storage dtype (default: the compute dtype)")
+    p.add_argument("--kv-bits", type=int, choices=(4, 8), default=None,
+                   help="store the KV cache quantized to 4 or 8 bits "
+                        "(group-wise affine; default: floats)")
+    p.add_argument("--kv-group-size", type=int, choices=(32, 64, 128), default=64,
+                   help="elements per quantization group of --kv-bits (default 64)")
+    p.add_argument("--window", type=int, default=None,
+                   help="keep only the last N tokens on full-attention layers "
+                        "(an approximation of the "
+                        "model, reported; sliding-window layers keep their own window)")
+    p.add_argument("--prompt-cache", metavar="FILE", default=None,
+                   help="reuse FILE's KV cache when its history is a prefix of the prompt; "
+                        "then save the "
+                        "prompt's cache to FILE")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's EOS tokens")
     p.add_argument("--json", action="store_true", help="print one JSON document at the end, no streaming")
 
@@ -56,6 +69,8 @@ def _check_args(args) -> None:
         raise ToolError(f"--prefill-chunk must be >= 1, got {args.prefill_chunk}")
     if args.capacity is not None and args.capacity < 1:
         raise ToolError(f"--capacity must be >= 1, got {args.capacity}")
+    if args.window is not None and args.window < 1:
+        raise ToolError(f"--window must be >= 1, got {args.window}")
     if not os.path.isfile(args.graph):
         raise ToolError(f"{args.graph}: no such file")
 
@@ -76,6 +91,7 @@ def _prepare(args):
     """Load the graph, tokenizer, prompt, session and sampler; raises ToolError."""
     import mlxgraph
     from mlxgraph.interpreter.errors import SessionError
+    from mlxgraph.interpreter.kv_cache import CacheError
     from mlxgraph.schema.errors import GraphFormatError
     from mlxgraph.tools.sampling import Sampler
     from mlxgraph.tools.tokenizer import TokenizerError, load_tokenizer
@@ -104,12 +120,17 @@ def _prepare(args):
     else:
         prompt_ids = parse_ids(args.prompt_ids)
     check_vocab(prompt_ids, meta.vocab_size, args.graph)
+    windows = None
+    if args.window is not None:  # full-attention layers only: a sliding layer's window is its math
+        windows = {lid: lc.sliding_window or args.window for lid, lc in program.layers.items()}
     try:
         session = program.session(capacity=args.capacity, kv_dtype=args.kv_dtype,
-                                  max_step=args.prefill_chunk)
-    except SessionError as e:
+                                  max_step=args.prefill_chunk, windows=windows,
+                                  kv_bits=args.kv_bits or 0, kv_group_size=args.kv_group_size)
+    except (SessionError, CacheError) as e:
         raise ToolError(f"{args.graph}: {e}") from None
-    full_attention = any(lc.sliding_window == 0 for lc in program.layers.values())
+    full_attention = any(lc.sliding_window == 0 and not session.approximations.get(lid)
+                         for lid, lc in program.layers.items())
     if full_attention and len(prompt_ids) > session.capacity:
         raise ToolError(f"the prompt has {len(prompt_ids)} tokens, more than the KV capacity of "
                         f"{session.capacity} (--capacity, or the graph's max context)")
@@ -118,9 +139,15 @@ def _prepare(args):
         sampler = Sampler(args.temperature, args.top_k, args.top_p, seed)
     except ValueError as e:
         raise ToolError(str(e)) from None
+    cache_report = None
+    if args.prompt_cache:
+        from mlxgraph.tools.prompt_cache import load_prompt_cache
+
+        cache_report = load_prompt_cache(args.prompt_cache, session, prompt_ids)
     # The last generated token is never fed back, so capacity - prompt + 1 tokens fit.
     room = session.capacity - len(prompt_ids) + 1 if full_attention else args.max_tokens
-    return program, tokenizer, prompt_ids, session, sampler, min(args.max_tokens, room)
+    max_tokens = min(args.max_tokens, room)
+    return program, tokenizer, prompt_ids, session, sampler, max_tokens, cache_report
 
 
 def _run(args, blas) -> int:
@@ -132,7 +159,7 @@ def _run(args, blas) -> int:
     from mlxgraph.tools.tokenizer import printable
 
     try:
-        program, tokenizer, prompt_ids, session, sampler, max_tokens = _prepare(args)
+        program, tokenizer, prompt_ids, session, sampler, max_tokens, cache_report = _prepare(args)
     except ToolError as e:
         return fail(f"generate: {e}")
     stop = () if args.ignore_eos else tuple(program.metadata.eos_token_ids)
@@ -143,8 +170,16 @@ def _run(args, blas) -> int:
         out.write(printable(args.prompt) if args.prompt is not None else _echo_ids(tokenizer, prompt_ids))
         out.flush()
     tokens = []
+    reused = cache_report.reused_tokens if cache_report else 0
+    on_prefilled = None
+    if cache_report is not None:
+        from mlxgraph.tools.prompt_cache import save_prompt_cache
+
+        def on_prefilled(s):
+            save_prompt_cache(cache_report, s, prompt_ids)
     try:
-        for token in generate(session, prompt_ids, sampler, max_tokens, stop, args.prefill_chunk, stats):
+        for token in generate(session, prompt_ids[reused:], sampler, max_tokens, stop,
+                              args.prefill_chunk, stats, on_prefilled=on_prefilled):
             tokens.append(token)
             if args.json:
                 continue
@@ -157,9 +192,16 @@ def _run(args, blas) -> int:
             out.write("\n")
         print(f"mlxgraph: generate: {e}", file=sys.stderr)
         return 1
+    except ToolError as e:  # the prompt cache could not be written
+        if not args.json:
+            out.write("\n")
+        return fail(f"generate: {e}")
     if stats.stop_reason == "max_tokens" and max_tokens < args.max_tokens:
         stats.stop_reason = "capacity"
     doc = _stats_doc(stats, blas, sampler, mx)
+    doc["kv_cache"] = {**{k: session.policy[k] for k in ("kv_dtype", "kv_bits", "kv_group_size")},
+                       "approximations": {str(k): v for k, v in session.approximations.items()}}
+    doc["prompt_cache"] = cache_report.as_dict() if cache_report else None
     if args.json:
         body = _decode(tokenizer, tokens) if tokenizer else None
         print_json({**json_header({"file": program.graph}), "graph": str(args.graph),
@@ -171,6 +213,7 @@ def _run(args, blas) -> int:
     out.write("\n")
     out.flush()
     _print_stats(stats, doc, blas, sys.stderr)
+    _print_cache_notes(doc, sys.stderr)
     source = program.metadata.extra.get("source", "")
     if source.startswith("tiny-"):
         # The built-ins are for trying the pipeline: say why their text reads as noise.
@@ -222,3 +265,20 @@ def _print_stats(stats, doc, blas, err) -> None:
     print(f"peak memory  {human_bytes(s['peak_memory_bytes'])} MLX, {human_bytes(s['peak_rss_bytes'])} process RSS",
           file=err)
     print(f"BLAS         {blas.describe()}", file=err)
+
+
+def _print_cache_notes(doc, err) -> None:
+    """The prompt cache's reuse and any window approximation, one line each."""
+    pc = doc["prompt_cache"]
+    if pc:
+        note = f" ({pc['note']})" if pc["note"] else ""
+        print(f"prompt cache {pc['reused_tokens']} tokens reused, {pc['saved_tokens']} saved "
+              f"to {pc['path']}{note}", file=err)
+    windows = doc["kv_cache"]["approximations"]
+    if windows:
+        by_window = {}
+        for lid, w in windows.items():
+            by_window.setdefault(w, []).append(lid)
+        for w, lids in by_window.items():
+            print(f"approximation: full-attention layers {','.join(lids)} keep only the last "
+                  f"{w} tokens (--window)", file=err)

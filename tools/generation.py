@@ -58,7 +58,7 @@ def prefill(session, prompt_ids, chunk: int) -> None:
 
 
 def generate(session, prompt_ids, sampler, max_tokens: int, stop_ids=(), prefill_chunk: int = 512,
-             stats: GenerationStats | None = None):
+             stats: GenerationStats | None = None, on_prefilled=None):
     """Yield generated token ids (ints) one by one.
 
     Args:
@@ -69,6 +69,8 @@ def generate(session, prompt_ids, sampler, max_tokens: int, stop_ids=(), prefill
         stop_ids: token ids that end generation (yielded, then the loop stops).
         prefill_chunk: prompt tokens per prefill step.
         stats: a GenerationStats to fill in (times, counts, stop reason).
+        on_prefilled: optional ``fn(session)`` called once the prompt but its last token
+            is in the cache (e.g. to save it); its time is not counted as prefill.
     Raises:
         ValueError: an empty prompt or max_tokens < 1; the session's own errors
             (SessionError, CacheError, GraphRuntimeError) pass through.
@@ -84,6 +86,10 @@ def generate(session, prompt_ids, sampler, max_tokens: int, stop_ids=(), prefill
     fed_ahead = False
     t0 = time.perf_counter()
     prefill(session, list(prompt_ids), max(1, int(prefill_chunk)))
+    if on_prefilled is not None:
+        t_hook = time.perf_counter()
+        on_prefilled(session)
+        t0 += time.perf_counter() - t_hook
     y = _step(session, mx.array([prompt_ids[-1:]], dtype=mx.int32), sampler)
     mx.async_eval(y)
     t_first = None

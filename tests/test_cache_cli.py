@@ -1,0 +1,171 @@
+"""`mlxgraph cache inspect/diff` and generate's --prompt-cache, --kv-bits and --window.
+
+Oracles: a fresh generation without any cache file (tokens must be identical when a
+prefix is reused), the sessions whose files are inspected (describe()), and known
+divergence points (two prompts sharing a prefix diverge exactly where they differ).
+"""
+
+import json
+
+import mlx.core as mx
+import pytest
+from tool_helpers import run_cli
+
+import mlxgraph
+from mlxgraph.tools.synthetic import llama
+
+PROMPT = [1, 7, 42, 99, 5, 200, 3, 17]
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory):
+    """A graph with head_dim 64 (quantizable) and another with other weights."""
+    folder = tmp_path_factory.mktemp("cc")
+    out = {}
+    for name, seed in (("a", 0), ("b", 1)):
+        path = folder / f"{name}.mlxg"
+        llama(
+            layers=2,
+            hidden=128,
+            heads=2,
+            kv_heads=1,
+            intermediate=64,
+            vocab=256,
+            seed=seed,
+            max_context=128,
+        ).write(path)
+        out[name] = path
+    return out
+
+
+def gen(capsys, graph, prompt, *extra):
+    code, out, err = run_cli(
+        capsys,
+        "generate",
+        graph,
+        "--prompt-ids",
+        ",".join(map(str, prompt)),
+        "--max-tokens",
+        6,
+        "--ignore-eos",
+        "--json",
+        *extra,
+    )
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_prompt_cache_reuses_a_prefix_and_matches_a_fresh_run(capsys, graphs, tmp_path):
+    file = tmp_path / "prompt.safetensors"
+    first = gen(capsys, graphs["a"], PROMPT, "--prompt-cache", file)
+    assert (
+        first["prompt_cache"]["reused_tokens"] == 0
+        and first["prompt_cache"]["saved_tokens"] == len(PROMPT) - 1
+    )
+    again = gen(capsys, graphs["a"], PROMPT, "--prompt-cache", file)
+    assert again["prompt_cache"]["reused_tokens"] == len(PROMPT) - 1
+    assert again["token_ids"] == first["token_ids"]
+    longer = PROMPT + [9, 9, 31]
+    cached = gen(capsys, graphs["a"], longer, "--prompt-cache", file)
+    assert cached["prompt_cache"]["reused_tokens"] == len(PROMPT) - 1
+    assert cached["token_ids"] == gen(capsys, graphs["a"], longer)["token_ids"]
+    other = gen(capsys, graphs["a"], [5] + PROMPT, "--prompt-cache", file)
+    assert (
+        other["prompt_cache"]["reused_tokens"] == 0
+        and "not a prefix" in other["prompt_cache"]["note"]
+    )
+    quant = gen(capsys, graphs["a"], [5] + PROMPT, "--prompt-cache", file, "--kv-bits", "8")
+    assert quant["prompt_cache"]["reused_tokens"] == 0 and "policy" in quant["prompt_cache"]["note"]
+    # another graph's file is refused, and left as it was
+    before = file.read_bytes()
+    code, _, err = run_cli(
+        capsys, "generate", graphs["b"], "--prompt-ids", "1,2,3", "--prompt-cache", file
+    )
+    assert code == 2 and "another graph" in err
+    assert file.read_bytes() == before
+
+
+def test_kv_bits_and_window_are_reported(capsys, graphs):
+    doc = gen(
+        capsys, graphs["a"], PROMPT, "--kv-bits", "4", "--kv-group-size", "32", "--window", "4"
+    )
+    assert doc["kv_cache"]["kv_bits"] == 4 and doc["kv_cache"]["kv_group_size"] == 32
+    assert doc["kv_cache"]["approximations"] == {"0": 4, "1": 4}
+    assert gen(capsys, graphs["a"], PROMPT)["kv_cache"]["approximations"] == {}
+    code, _, err = run_cli(
+        capsys, "generate", graphs["a"], "--prompt-ids", "1,2", "--max-tokens", 2, "--window", 4
+    )
+    assert code == 0 and "approximation" in err and "last 4 tokens" in err
+
+
+def test_kv_bits_a_graph_cannot_take_exits_2(capsys, tmp_path):
+    path = tmp_path / "narrow.mlxg"
+    llama(hidden=64, heads=4, vocab=256).write(path)  # head_dim 16
+    code, _, err = run_cli(capsys, "generate", path, "--prompt-ids", "1,2", "--kv-bits", "8")
+    assert code == 2 and "head_dim 16 is not a multiple of the quantization group size 64" in err
+
+
+def saved(graph, tmp_path, name, prompt, **policy):
+    session = mlxgraph.load(graph).session(**policy)
+    session.step(mx.array([prompt], dtype=mx.int32), range(len(prompt)))
+    path = tmp_path / f"{name}.safetensors"
+    session.save(path, tokens=prompt)
+    return path, session
+
+
+def test_inspect_shows_what_describe_shows(capsys, graphs, tmp_path):
+    path, session = saved(graphs["a"], tmp_path, "ring", PROMPT, windows={0: 3, 1: 0}, max_step=2)
+    code, out, err = run_cli(capsys, "cache", "inspect", path, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    live = session.describe()
+    assert doc["length"] == live["length"] == len(PROMPT) and doc["policy"] == live["policy"]
+    assert doc["approximations"] == {"0": 3} and doc["tokens_recorded"]
+    for got, want in zip(doc["layers"], live["layers"], strict=True):
+        for key in (
+            "layer",
+            "kind",
+            "wrapped",
+            "length",
+            "first_position",
+            "tokens",
+            "window",
+            "slots",
+            "bits",
+        ):
+            assert got[key] == want[key], key
+    assert doc["layers"][0]["kind"] == "ring" and doc["layers"][0]["wrapped"]
+    code, out, _ = run_cli(capsys, "cache", "inspect", path)
+    assert "ring wrapped" in out and "approximation" in out and "flat" in out
+
+
+def test_diff_finds_quantization_error_and_the_first_differing_position(capsys, graphs, tmp_path):
+    f32, _ = saved(graphs["a"], tmp_path, "f32", PROMPT)
+    q8, _ = saved(graphs["a"], tmp_path, "q8", PROMPT, kv_bits=8)
+    fork, _ = saved(graphs["a"], tmp_path, "fork", PROMPT[:5] + [11, 12, 13])
+    code, out, _ = run_cli(capsys, "cache", "diff", f32, f32, "--json")
+    assert code == 0 and json.loads(out)["same"]
+    code, out, _ = run_cli(capsys, "cache", "diff", f32, q8, "--json", "--tolerance", "1e-6")
+    doc = json.loads(out)
+    assert code == 1 and doc["first_divergence"] == 0
+    worst = max(r["keys_max_rel"] for la in doc["layers"] for r in la["ranges"])
+    assert 0 < worst < 0.02  # 8-bit codes: under 1/255 of a group's range per element
+    code, out, _ = run_cli(capsys, "cache", "diff", f32, q8, "--json", "--tolerance", "0.05")
+    assert code == 0
+    code, out, _ = run_cli(capsys, "cache", "diff", f32, fork, "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["first_divergence"] == 5
+    assert all(la["first_divergence"]["position"] == 5 for la in doc["layers"])
+    code, out, _ = run_cli(capsys, "cache", "diff", f32, fork, "--block", "4")
+    assert "first diverges at position 5" in out and "different" in out
+
+
+def test_cache_commands_refuse_damaged_files(capsys, graphs, tmp_path):
+    path, _ = saved(graphs["a"], tmp_path, "ok", PROMPT)
+    raw = path.read_bytes()
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(raw[:-1] + bytes([raw[-1] ^ 0x40]))
+    code, out, err = run_cli(capsys, "cache", "inspect", bad)
+    assert code == 2 and out == "" and "SHA-256 seal" in err
+    code, _, err = run_cli(capsys, "cache", "diff", path, tmp_path / "missing.safetensors")
+    assert code == 2 and "cannot read" in err

@@ -1,0 +1,154 @@
+"""What a saved KV cache file holds, and how two of them differ (for `mlxgraph cache`).
+
+``file_view`` gives the same per-layer view as ``Session.describe()``; ``layer_history``
+reads one layer's held positions back in position order (quantized rows dequantized);
+``diff_caches`` compares two files per layer and per position range.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def file_view(cache) -> dict:
+    """The file as Session.describe() shows a live session (JSON-ready)."""
+    layers = []
+    for lid, info in sorted(cache.layers.items()):
+        bits = cache.policy.get("kv_bits") or 0
+        arrays = cache.arrays(lid, bits) if info.get("slots") else {}
+        length, oldest = info.get("length", 0), info.get("oldest", 0)
+        layers.append(
+            {
+                "layer": lid,
+                "kind": info.get("kind"),
+                "wrapped": oldest > 0,
+                "length": length,
+                "first_position": oldest,
+                "tokens": length - oldest,
+                "window": info.get("window"),
+                "slots": info.get("modulus"),
+                "allocated_slots": info.get("slots"),
+                "dtype": None if bits else info.get("dtype"),
+                "bits": bits,
+                "group_size": cache.policy.get("kv_group_size") if bits else None,
+                "bytes": sum(a.nbytes for a in arrays.values()),
+            }
+        )
+    return {
+        "graph": cache.graph,
+        "length": cache.length,
+        "policy": cache.policy,
+        "approximations": cache.approximations,
+        "tokens_recorded": cache.tokens is not None,
+        "bytes": sum(la["bytes"] for la in layers),
+        "file_bytes": cache.nbytes,
+        "layers": layers,
+    }
+
+
+def layer_history(cache, lid: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """(first position, keys, values) of layer ``lid``: ``[B, H, n, D]`` float32 arrays in
+    position order."""
+    import mlx.core as mx
+
+    from mlxgraph.interpreter.kv_codec import unpack
+
+    info = cache.layers[lid]
+    length, oldest, modulus = info["length"], info["oldest"], info["modulus"]
+    if not info.get("slots"):
+        return oldest, np.zeros((0, 0, 0, 0), np.float32), np.zeros((0, 0, 0, 0), np.float32)
+    policy = cache.policy
+    bits, group = policy.get("kv_bits") or 0, policy.get("kv_group_size")
+    out = []
+    slots = np.arange(oldest, length) % modulus
+    for arr in cache.arrays(lid, bits).values():
+        rows = arr[:, :, slots, :]
+        if bits:
+            dim = _quantized_dim(rows.shape[-1], bits, group)
+            codes, scales, biases = unpack(rows, dim, bits, group)
+            rows = np.array(
+                mx.dequantize(
+                    mx.array(codes), mx.array(scales), mx.array(biases), group_size=group, bits=bits
+                )
+            )
+        elif info.get("dtype") == "bfloat16":
+            rows = np.array(mx.array(rows).view(mx.bfloat16).astype(mx.float32))
+        out.append(rows.astype(np.float32))
+    return oldest, out[0], out[1]
+
+
+def _quantized_dim(width: int, bits: int, group: int) -> int:
+    """The row length D whose packed width (D*bits/32 + 2*D/group words) is ``width``."""
+    # width = D * (bits / 32 + 2 / group)  =>  D = width * 32 * group / (bits * group + 64)
+    return width * 32 * group // (bits * group + 64)
+
+
+def diff_caches(a, b, tolerance: float, block: int) -> dict:
+    """Per layer and per block of positions: max abs / rel difference of keys and values,
+    and the first position whose relative difference exceeds ``tolerance``.
+
+    The relative difference of a position is its max |a - b| over heads and dims divided by
+    its max |a| (so a quantized row's error reads as a fraction of the row's range).
+    """
+    layers, first_any = [], None
+    for lid in sorted(set(a.layers) | set(b.layers)):
+        if lid not in a.layers or lid not in b.layers:
+            layers.append({"layer": lid, "missing_in": "a" if lid not in a.layers else "b"})
+            continue
+        fa, ka, va = layer_history(a, lid)
+        fb, kb, vb = layer_history(b, lid)
+        lo, hi = max(fa, fb), min(fa + ka.shape[2], fb + kb.shape[2])
+        entry = {
+            "layer": lid,
+            "positions": [lo, hi - 1] if hi > lo else None,
+            "ranges": [],
+            "first_divergence": None,
+        }
+        if (
+            ka.shape[:2] != kb.shape[:2]
+            or ka.shape[3:] != kb.shape[3:]
+            or va.shape[3:] != vb.shape[3:]
+        ):
+            entry["shape_mismatch"] = [list(ka.shape), list(kb.shape)]
+            layers.append(entry)
+            continue
+        per_pos = []
+        parts = {}
+        for name, xa, xb in (("keys", ka, kb), ("values", va, vb)):
+            xa, xb = xa[:, :, lo - fa : hi - fa], xb[:, :, lo - fb : hi - fb]
+            absd = np.abs(xa - xb).max(axis=(0, 1, 3)) if hi > lo else np.zeros(0)
+            scale = np.maximum(np.abs(xa).max(axis=(0, 1, 3)), 1e-30) if hi > lo else np.ones(0)
+            parts[name] = (absd, absd / scale)
+            per_pos.append(absd / scale)
+        worst = np.maximum(*per_pos) if hi > lo else np.zeros(0)
+        for start in range(lo, hi, block):
+            sl = slice(start - lo, min(hi, start + block) - lo)
+            entry["ranges"].append(
+                {
+                    "positions": [start, min(hi, start + block) - 1],
+                    **{
+                        f"{name}_max_{kind}": float(vals[i][sl].max())
+                        for name, vals in parts.items()
+                        for i, kind in enumerate(("abs", "rel"))
+                    },
+                }
+            )
+        over = np.flatnonzero(worst > tolerance)
+        if over.size:
+            pos = lo + int(over[0])
+            entry["first_divergence"] = {"position": pos, "rel": float(worst[over[0]])}
+            first_any = pos if first_any is None else min(first_any, pos)
+        layers.append(entry)
+    same = (
+        first_any is None
+        and a.length == b.length
+        and all("missing_in" not in la and "shape_mismatch" not in la for la in layers)
+    )
+    return {
+        "same": same,
+        "tolerance": tolerance,
+        "same_graph": a.graph == b.graph,
+        "length": {"a": a.length, "b": b.length},
+        "first_divergence": first_any,
+        "layers": layers,
+    }
