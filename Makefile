@@ -46,3 +46,4 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/tools_bench.py
 	$(PY) benchmarks/export_bench.py
 	$(PY) benchmarks/generate_bench.py
+	$(PY) benchmarks/session_state_bench.py
