@@ -8,6 +8,7 @@ divergence points (two prompts sharing a prefix diverge exactly where they diffe
 import json
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from tool_helpers import run_cli
 
@@ -169,3 +170,14 @@ def test_cache_commands_refuse_damaged_files(capsys, graphs, tmp_path):
     assert code == 2 and out == "" and "SHA-256 seal" in err
     code, _, err = run_cli(capsys, "cache", "diff", path, tmp_path / "missing.safetensors")
     assert code == 2 and "cannot read" in err
+
+
+def test_diff_counts_nan_in_both_as_equal_and_in_one_as_infinite():
+    from mlxgraph.tools.cache_view import _position_diff
+
+    a = np.ones((1, 1, 3, 2), np.float32)
+    b = a.copy()
+    a[0, 0, 0, 0] = b[0, 0, 0, 0] = np.nan
+    b[0, 0, 2, 1] = np.nan
+    diff, scale = _position_diff(a, b)
+    assert diff.tolist() == [0.0, 0.0, np.inf] and scale.tolist() == [1.0, 1.0, 1.0]

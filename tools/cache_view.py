@@ -83,6 +83,15 @@ def _quantized_dim(width: int, bits: int, group: int) -> int:
     return width * 32 * group // (bits * group + 64)
 
 
+def _position_diff(xa: np.ndarray, xb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per position: max |a - b| and max |a| over batch, heads and dims. NaN in both at
+    one place counts as equal, NaN in one only as an infinite difference."""
+    nan_a, nan_b = np.isnan(xa), np.isnan(xb)
+    d = np.where(nan_a & nan_b, 0.0, np.where(nan_a | nan_b, np.inf, np.abs(xa - xb)))
+    scale = np.where(nan_a, 0.0, np.abs(xa)).max(axis=(0, 1, 3))
+    return d.max(axis=(0, 1, 3)), np.maximum(scale, 1e-30)
+
+
 def diff_caches(a, b, tolerance: float, block: int) -> dict:
     """Per layer and per block of positions: max abs / rel difference of keys and values,
     and the first position whose relative difference exceeds ``tolerance``.
@@ -116,8 +125,7 @@ def diff_caches(a, b, tolerance: float, block: int) -> dict:
         parts = {}
         for name, xa, xb in (("keys", ka, kb), ("values", va, vb)):
             xa, xb = xa[:, :, lo - fa : hi - fa], xb[:, :, lo - fb : hi - fb]
-            absd = np.abs(xa - xb).max(axis=(0, 1, 3)) if hi > lo else np.zeros(0)
-            scale = np.maximum(np.abs(xa).max(axis=(0, 1, 3)), 1e-30) if hi > lo else np.ones(0)
+            absd, scale = _position_diff(xa, xb) if hi > lo else (np.zeros(0), np.ones(0))
             parts[name] = (absd, absd / scale)
             per_pos.append(absd / scale)
         worst = np.maximum(*per_pos) if hi > lo else np.zeros(0)
