@@ -7,60 +7,18 @@ op without a lowering, and every lowering that cannot express its node, is colle
 reported at once (:class:`UnsupportedOpsError`), each with its source location.
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 from torch.export.graph_signature import InputKind
 
 from mlxgraph.exporter.diagnostics import Problem, UnsupportedOpsError, module_path, source_location
 from mlxgraph.exporter.fusions import run_fusions
-from mlxgraph.exporter.lowerings import LoweringError, lowerings
+from mlxgraph.exporter.lowering_types import POISON, LoweringError, Slot, torch_dtype_name
+from mlxgraph.exporter.lowerings import lowerings
 from mlxgraph.exporter.symbolic_exprs import SymbolTable
-from mlxgraph.schema.dtypes import dtype_info
 from mlxgraph.schema.records import Operand, Provenance
 
-TORCH_DTYPES = {
-    torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
-    torch.float64: "float64", torch.int8: "int8", torch.int16: "int16", torch.int32: "int32",
-    torch.int64: "int64", torch.uint8: "uint8", torch.uint32: "uint32", torch.bool: "bool",
-}
 _CONSTANT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
-
-
-@dataclass(frozen=True)
-class Slot:
-    """A tensor slot of the graph being written."""
-
-    index: int
-
-
-class _Poison:
-    """What a node becomes when it (or an input) could not be lowered."""
-
-
-POISON = _Poison()
-
-
-def torch_dtype_name(dtype) -> str:
-    """The graph format's name of a torch dtype.
-
-    Raises:
-        LoweringError: a dtype the format has no code for.
-    """
-    try:
-        return TORCH_DTYPES[dtype]
-    except KeyError:
-        raise LoweringError(f"dtype {dtype} has no graph dtype") from None
-
-
-def torch_dtype_code(dtype) -> int:
-    """The graph format's DType code of a torch dtype (for the ``dtype`` fields of nodes).
-
-    Raises:
-        LoweringError: a dtype the format has no code for.
-    """
-    return dtype_info(torch_dtype_name(dtype)).code
 
 
 class LoweringContext:
@@ -264,5 +222,5 @@ def _lower_node(ctx, table, n, problems):
     return POISON
 
 
-__all__ = ["lower_program", "LoweringContext", "Slot", "UnsupportedOpsError", "Problem",
-           "torch_dtype_name", "torch_dtype_code", "source_location", "module_path"]
+__all__ = ["lower_program", "LoweringContext", "UnsupportedOpsError", "Problem",
+           "source_location", "module_path"]

@@ -10,8 +10,8 @@ import sympy
 import torch
 from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
 
-from mlxgraph.exporter.lowerings import LoweringError
-from mlxgraph.generated.mlxgraph_generated import SymOp
+from mlxgraph.exporter.lowering_types import LoweringError
+from mlxgraph.schema.enums import SymOp
 from mlxgraph.schema.records import Operand
 
 _BINARY = ((sympy.Max, SymOp.max), (sympy.Min, SymOp.min), (FloorDiv, SymOp.floordiv),

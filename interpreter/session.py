@@ -16,7 +16,7 @@ from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
 from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, LayerGeometry, make_store
 from mlxgraph.interpreter.memory import allocatable_bytes
 from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
-from mlxgraph.interpreter.program import TENSOR, TENSOR_LIST, VALUE
+from mlxgraph.interpreter.node_plan import TENSOR, TENSOR_LIST, VALUE
 from mlxgraph.interpreter.session_state import SessionState
 
 DEFAULT_CAPACITY = 4096

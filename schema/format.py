@@ -1,4 +1,6 @@
-"""Constants of the .mlxg container: identifier, format version, alignment."""
+"""Constants of the .mlxg container: identifier, format version, alignment, content hash."""
+
+import hashlib
 
 FILE_IDENTIFIER = b"MLXG"
 FORMAT_MAJOR = 1
@@ -17,3 +19,8 @@ def format_version() -> str:
 def align_up(n: int, alignment: int = ALIGNMENT) -> int:
     """Round ``n`` up to a multiple of ``alignment``."""
     return (n + alignment - 1) // alignment * alignment
+
+
+def content_hash(data) -> str:
+    """The hex blake2b-128 digest a Constant records for its bytes."""
+    return hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).hexdigest()

@@ -12,9 +12,8 @@ from functools import cache
 
 from mlxgraph.schema.dtypes import dtype_info
 from mlxgraph.schema.errors import GraphFormatError
-from mlxgraph.schema.format import ALIGNMENT
+from mlxgraph.schema.format import ALIGNMENT, content_hash
 from mlxgraph.schema.spec import op_specs
-from mlxgraph.schema.writer import content_hash
 
 _HEX = frozenset(b"0123456789abcdef")
 # OperandKind codes (schema enum OperandKind).

@@ -5,7 +5,6 @@ and calls :meth:`GraphWriter.write`. Nodes are encoded generically from the sche
 (schema/spec.py) through the generated bindings, so a new op needs no code here.
 """
 
-import hashlib
 import os
 from pathlib import Path
 
@@ -13,19 +12,19 @@ import flatbuffers
 import numpy as np
 
 from mlxgraph.generated import mlxgraph_generated as fb
+from mlxgraph.schema import encode
 from mlxgraph.schema.dtypes import dtype_info
-from mlxgraph.schema.format import ALIGNMENT, FILE_IDENTIFIER, FORMAT_MAJOR, FORMAT_MINOR, align_up
+from mlxgraph.schema.format import (
+    ALIGNMENT,
+    FILE_IDENTIFIER,
+    FORMAT_MAJOR,
+    FORMAT_MINOR,
+    MAX_FLATBUFFER_BYTES,
+    align_up,
+    content_hash,
+)
 from mlxgraph.schema.records import ModelInfo, NodeRecord, Operand, Provenance
-from mlxgraph.schema.spec import load_schema, op_spec, upper_camel
-
-
-def content_hash(data) -> str:
-    """The hex blake2b-128 digest a Constant records for its bytes."""
-    return hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).hexdigest()
-
-
-def _fn(name: str):
-    return getattr(fb, name)
+from mlxgraph.schema.spec import op_spec
 
 
 class GraphWriter:
@@ -160,82 +159,18 @@ class GraphWriter:
 
     def _build(self, segment_offset, layout, segment_length=2**62) -> bytes:
         b = flatbuffers.Builder(1 << 16)
-        s = b.CreateString
-        nodes = [self._node(b, n) for n in self.nodes]
-        chain_name = s("main")
-        fb.ChainStartNodesVector(b, len(nodes))
-        for off in reversed(nodes):
-            b.PrependUOffsetTRelative(off)
-        nodes_vec = b.EndVector()
-        fb.ChainStart(b)
-        fb.ChainAddName(b, chain_name)
-        fb.ChainAddNodes(b, nodes_vec)
-        chain = fb.ChainEnd(b)
-        chains = self._vector(b, "Graph", "chains", [chain])
-
-        tensors = []
-        for name, code, shape in self.tensors:
-            n = s(name)
-            fb.TensorSlotStartShapeVector(b, len(shape))
-            for d in reversed(shape):
-                if isinstance(d, str):
-                    fb.CreateDim(b, -1, self._symbol_index[d])
-                elif d is None:
-                    fb.CreateDim(b, -1, -2)
-                else:
-                    fb.CreateDim(b, int(d), -1)
-            shape_vec = b.EndVector()
-            fb.TensorSlotStart(b)
-            fb.TensorSlotAddName(b, n)
-            if code is not None:
-                fb.TensorSlotAddDtype(b, code)
-            fb.TensorSlotAddShape(b, shape_vec)
-            tensors.append(fb.TensorSlotEnd(b))
-        tensors_vec = self._vector(b, "Graph", "tensors", tensors)
-
-        values = []
-        for name in self.values:
-            n = s(name)
-            fb.ValueSlotStart(b)
-            fb.ValueSlotAddName(b, n)
-            values.append(fb.ValueSlotEnd(b))
-        values_vec = self._vector(b, "Graph", "values", values)
-
-        symbols = []
-        for name, lo, hi, slot in self.symbols:
-            n = s(name)
-            fb.SymbolStart(b)
-            fb.SymbolAddName(b, n)
-            fb.SymbolAddMin(b, lo)
-            if hi is not None:
-                fb.SymbolAddMax(b, int(hi))
-            fb.SymbolAddValue(b, slot)
-            symbols.append(fb.SymbolEnd(b))
-        symbols_vec = self._vector(b, "Graph", "symbols", symbols)
-
-        io_vecs = []
-        for field_name, entries in (("inputs", self.inputs), ("outputs", self.outputs)):
-            offs = []
-            for name, slot in entries:
-                n = s(name)
-                fb.IOSpecStart(b)
-                fb.IOSpecAddName(b, n)
-                fb.IOSpecAddTensor(b, slot)
-                offs.append(fb.IOSpecEnd(b))
-            io_vecs.append(self._vector(b, "Graph", field_name, offs))
-
-        consts = []
-        for slot, offset, nbytes, digest in layout or [(c[0], 2**62, c[1].nbytes, c[2]) for c in self.constants]:
-            h = s(digest)
-            fb.ConstantStart(b)
-            fb.ConstantAddTensor(b, slot)
-            fb.ConstantAddOffset(b, offset)
-            fb.ConstantAddLength(b, nbytes)
-            fb.ConstantAddHash(b, h)
-            consts.append(fb.ConstantEnd(b))
-        consts_vec = self._vector(b, "Graph", "constants", consts)
-        meta = self._metadata(b)
-        producer = s(self.producer)
+        nodes = [encode.node(b, n) for n in self.nodes]
+        chains = encode.chains(b, nodes)
+        tensors_vec = encode.tensors(b, self.tensors, self._symbol_index)
+        values_vec = encode.values(b, self.values)
+        symbols_vec = encode.symbols(b, self.symbols)
+        io_vecs = [encode.io_specs(b, field_name, entries)
+                   for field_name, entries in (("inputs", self.inputs), ("outputs", self.outputs))]
+        if layout is None:
+            layout = [(slot, 2**62, data.nbytes, digest) for slot, data, digest in self.constants]
+        consts_vec = encode.constants(b, layout)
+        meta = encode.metadata(b, self.metadata)
+        producer = b.CreateString(self.producer)
 
         fb.GraphStart(b)
         fb.GraphAddVersionMajor(b, FORMAT_MAJOR)
@@ -254,107 +189,9 @@ class GraphWriter:
         root = fb.GraphEnd(b)
         b.Finish(root, file_identifier=FILE_IDENTIFIER)
         out = b.Output()
-        if len(out) > 2**31 - 1:
+        if len(out) > MAX_FLATBUFFER_BYTES:
             raise ValueError("graph structure exceeds 2 GiB")
         return bytes(out)
 
-    @staticmethod
-    def _vector(b, table: str, field_name: str, offsets: list) -> int:
-        _fn(f"{table}Start{upper_camel(field_name)}Vector")(b, len(offsets))
-        for off in reversed(offsets):
-            b.PrependUOffsetTRelative(off)
-        return b.EndVector()
 
-    def _metadata(self, b) -> int:
-        m = self.metadata
-        arch = b.CreateString(m.architecture or "")
-        tok = b.CreateString(m.tokenizer or "")
-        fb.ModelMetadataStartEosTokenIdsVector(b, len(m.eos_token_ids))
-        for t in reversed(m.eos_token_ids):
-            b.PrependInt64(int(t))
-        eos = b.EndVector()
-        layers = []
-        for lc in m.layers:
-            fb.LayerCacheStart(b)
-            fb.LayerCacheAddLayerId(b, lc.layer_id)
-            fb.LayerCacheAddKvHeads(b, lc.kv_heads)
-            fb.LayerCacheAddHeadDim(b, lc.head_dim)
-            fb.LayerCacheAddVHeadDim(b, lc.v_head_dim)
-            fb.LayerCacheAddSlidingWindow(b, lc.sliding_window)
-            layers.append(fb.LayerCacheEnd(b))
-        layers_vec = self._vector(b, "ModelMetadata", "layers", layers)
-        extra = []
-        for k, v in sorted(m.extra.items()):
-            ko, vo = b.CreateString(str(k)), b.CreateString(str(v))
-            fb.KeyValueStart(b)
-            fb.KeyValueAddKey(b, ko)
-            fb.KeyValueAddValue(b, vo)
-            extra.append(fb.KeyValueEnd(b))
-        extra_vec = self._vector(b, "ModelMetadata", "extra", extra)
-        fb.ModelMetadataStart(b)
-        fb.ModelMetadataAddArchitecture(b, arch)
-        fb.ModelMetadataAddNumLayers(b, m.num_layers)
-        fb.ModelMetadataAddVocabSize(b, m.vocab_size)
-        fb.ModelMetadataAddHiddenSize(b, m.hidden_size)
-        fb.ModelMetadataAddMaxContext(b, m.max_context)
-        fb.ModelMetadataAddEosTokenIds(b, eos)
-        fb.ModelMetadataAddBosTokenId(b, m.bos_token_id)
-        fb.ModelMetadataAddLayers(b, layers_vec)
-        fb.ModelMetadataAddTokenizer(b, tok)
-        fb.ModelMetadataAddExtra(b, extra_vec)
-        return fb.ModelMetadataEnd(b)
-
-    def _node(self, b, record: NodeRecord) -> int:
-        schema = load_schema()
-        spec = op_spec(record.op)
-        name = spec.name
-        # Offsets (vectors, strings) must be created before the table starts.
-        vectors = {}
-        for f in spec.table.fields:
-            value = record.fields.get(f.name)
-            if value is None or not f.is_vector:
-                continue
-            camel = f.accessor
-            _fn(f"{name}Start{camel}Vector")(b, len(value))
-            for item in reversed(list(value)):
-                if f.type == "Operand":
-                    fb.CreateOperand(b, item.kind_code, item.index, item.number)
-                else:
-                    size = schema.scalar_size(f.type)
-                    prepend = {1: b.PrependInt8, 2: b.PrependInt16, 4: b.PrependInt32, 8: b.PrependInt64}[size]
-                    if f.type in ("float", "double"):
-                        prepend = b.PrependFloat32 if f.type == "float" else b.PrependFloat64
-                    prepend(item)
-            vectors[f.name] = b.EndVector()
-        _fn(f"{name}Start")(b)
-        for f in spec.table.fields:
-            value = record.fields.get(f.name)
-            if value is None:
-                continue
-            add = _fn(f"{name}Add{f.accessor}")
-            if f.is_vector:
-                add(b, vectors[f.name])
-            elif f.type == "Operand":
-                add(b, fb.CreateOperand(b, value.kind_code, value.index, value.number))
-            elif f.type in ("float", "double"):
-                add(b, float(value))
-            elif f.type == "bool":
-                add(b, bool(value))
-            else:
-                add(b, int(value))
-        table = _fn(f"{name}End")(b)
-        prov = record.provenance
-        src, mod, tgt = (b.CreateString(x) for x in (prov.source, prov.module_path, prov.target))
-        fb.ProvenanceStart(b)
-        fb.ProvenanceAddSource(b, src)
-        fb.ProvenanceAddModulePath(b, mod)
-        fb.ProvenanceAddTarget(b, tgt)
-        prov_off = fb.ProvenanceEnd(b)
-        fb.NodeStart(b)
-        fb.NodeAddOpType(b, spec.code)
-        fb.NodeAddOp(b, table)
-        fb.NodeAddProvenance(b, prov_off)
-        return fb.NodeEnd(b)
-
-
-__all__ = ["GraphWriter", "Operand", "Provenance", "content_hash", "ALIGNMENT"]
+__all__ = ["GraphWriter", "Operand", "Provenance", "ALIGNMENT"]

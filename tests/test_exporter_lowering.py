@@ -1,48 +1,15 @@
 """The lowering pass on small modules: each lowered graph runs in the interpreter and is
 compared with torch's own output, for several sequence lengths from one export."""
 
-import mlx.core as mx
 import numpy as np
 import pytest
 import torch
+from lowering_helpers import D, V, check_runs_like_torch, lower_module
 from torch import nn
 
-import mlxgraph
-from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
-from mlxgraph.exporter.lowerings import LOWERINGS, lowerings
-from mlxgraph.exporter.pipeline import decompose
+from mlxgraph.exporter.lowering_pass import UnsupportedOpsError
+from mlxgraph.exporter.lowerings import lowerings
 from mlxgraph.schema.reader import open_graph
-from mlxgraph.schema.writer import GraphWriter
-
-V, D = 32, 8
-
-
-def _export(module, max_t=16):
-    seq = torch.export.Dim("T", min=1, max=max_t)
-    args = (torch.zeros(1, 3, dtype=torch.int32), torch.arange(3, dtype=torch.int32))
-    ep = torch.export.export(module, args, dynamic_shapes={"tokens": {1: seq}, "positions": {0: seq}})
-    return decompose(ep)
-
-
-def _lower(module, path, max_t=16):
-    writer = GraphWriter()
-    lower_program(_export(module, max_t), writer, strip_prefix="")
-    writer.write(path)
-    return writer
-
-
-def _check_runs_like_torch(module, path, lengths=(1, 2, 5, 16), tol=1e-5):
-    _lower(module, path)
-    program = mlxgraph.load(path)
-    gen = torch.Generator().manual_seed(0)
-    for t in lengths:
-        tokens = torch.randint(0, V, (1, t), generator=gen, dtype=torch.int32)
-        positions = torch.arange(t, dtype=torch.int32)
-        with torch.no_grad():
-            want = module(tokens, positions).float().numpy()
-        got = np.array(program.session().step(mx.array(tokens.numpy()), list(range(t))).astype(mx.float32))
-        assert got.shape == want.shape, f"T={t}"
-        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"T={t}")
 
 
 class Zoo(nn.Module):
@@ -78,7 +45,7 @@ class Zoo(nn.Module):
 
 
 def test_op_zoo_runs_like_torch_for_several_lengths(tmp_path):
-    _check_runs_like_torch(Zoo().eval(), tmp_path / "zoo.mlxg")
+    check_runs_like_torch(Zoo().eval(), tmp_path / "zoo.mlxg")
 
 
 class Windowed(nn.Module):
@@ -101,9 +68,9 @@ class Windowed(nn.Module):
 
 
 def test_symbolic_slices_and_reshapes(tmp_path):
-    writer = _lower(Windowed().eval(), tmp_path / "win.mlxg")
+    writer = lower_module(Windowed().eval(), tmp_path / "win.mlxg")
     assert sum(n.op == "SymArithNode" for n in writer.nodes) >= 3
-    _check_runs_like_torch(Windowed().eval(), tmp_path / "win.mlxg", lengths=(1, 3, 16))
+    check_runs_like_torch(Windowed().eval(), tmp_path / "win.mlxg", lengths=(1, 3, 16))
 
 
 class LayerNorms(nn.Module):
@@ -127,11 +94,11 @@ class LayerNorms(nn.Module):
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
 def test_layer_norm(tmp_path, dtype, tol):
-    writer = _lower(LayerNorms(dtype).eval(), tmp_path / "ln.mlxg")
+    writer = lower_module(LayerNorms(dtype).eval(), tmp_path / "ln.mlxg")
     ops = [n.op for n in writer.nodes]
     assert ops.count("LayerNormNode") == 3 and "MeanNode" not in ops
     # float16 is normalized in float32 like torch's CPU kernel: only the output is rounded.
-    _check_runs_like_torch(LayerNorms(dtype).eval(), tmp_path / "ln2.mlxg", lengths=(1, 5), tol=tol)
+    check_runs_like_torch(LayerNorms(dtype).eval(), tmp_path / "ln2.mlxg", lengths=(1, 5), tol=tol)
 
 
 class Flat2D(nn.Module):
@@ -147,9 +114,9 @@ class Flat2D(nn.Module):
 
 
 def test_linear_on_a_matrix_is_one_linear_node(tmp_path):
-    writer = _lower(Flat2D().eval(), tmp_path / "flat.mlxg")
+    writer = lower_module(Flat2D().eval(), tmp_path / "flat.mlxg")
     assert [n.op for n in writer.nodes] == ["EmbeddingNode", "SelectNode", "LinearNode", "LinearNode"]
-    _check_runs_like_torch(Flat2D().eval(), tmp_path / "flat2.mlxg", lengths=(1, 4))
+    check_runs_like_torch(Flat2D().eval(), tmp_path / "flat2.mlxg", lengths=(1, 4))
 
 
 class Unsupported(nn.Module):
@@ -166,7 +133,7 @@ class Unsupported(nn.Module):
 
 def test_unsupported_ops_are_all_listed_with_their_source(tmp_path):
     with pytest.raises(UnsupportedOpsError) as info:
-        _lower(Unsupported(), tmp_path / "bad.mlxg")
+        lower_module(Unsupported(), tmp_path / "bad.mlxg")
     message = str(info.value)
     for target in ("aten.cumsum.default", "aten.sort.default", "aten.i0.default"):
         assert target in message
@@ -179,9 +146,9 @@ def test_a_failing_lowering_is_reported_like_an_unsupported_op(tmp_path, monkeyp
         raise KeyError("no such field")
 
     lowerings()  # load the table first, so the patch is not overwritten by the first load
-    monkeypatch.setitem(LOWERINGS, torch.ops.aten.cumsum.default, broken)
+    monkeypatch.setitem(lowerings(), torch.ops.aten.cumsum.default, broken)
     with pytest.raises(UnsupportedOpsError) as info:
-        _lower(Unsupported(), tmp_path / "bad.mlxg")
+        lower_module(Unsupported(), tmp_path / "bad.mlxg")
     (problem,) = [p for p in info.value.problems if p.target == "aten.cumsum.default"]
     assert problem.reason == "internal error in its lowering, please report: KeyError: 'no such field'"
     assert "test_exporter_lowering.py" in problem.location
@@ -201,9 +168,9 @@ class Tied(nn.Module):
 
 
 def test_tied_and_identical_weights_are_stored_once(tmp_path):
-    writer = _lower(Tied(), tmp_path / "tied.mlxg")
+    writer = lower_module(Tied(), tmp_path / "tied.mlxg")
     assert len(writer.constants) == 1
-    _check_runs_like_torch(Tied().eval(), tmp_path / "tied2.mlxg", lengths=(2,))
+    check_runs_like_torch(Tied().eval(), tmp_path / "tied2.mlxg", lengths=(2,))
 
 
 class Cast(nn.Module):
@@ -217,13 +184,13 @@ class Cast(nn.Module):
 
 def test_bfloat16_constants_keep_their_bit_pattern(tmp_path):
     module = Cast()
-    _lower(module, tmp_path / "bf16.mlxg")
+    lower_module(module, tmp_path / "bf16.mlxg")
     graph = open_graph(tmp_path / "bf16.mlxg")
     (const,) = graph.constants
     assert graph.tensors[const.tensor].dtype == "bfloat16"
     bits = module.emb.weight.detach().view(torch.int16).numpy().view(np.uint16)
     np.testing.assert_array_equal(graph.constant_array(0), bits)
-    _check_runs_like_torch(module, tmp_path / "bf16b.mlxg", lengths=(3,))
+    check_runs_like_torch(module, tmp_path / "bf16b.mlxg", lengths=(3,))
 
 
 class Nested(nn.Module):
@@ -237,7 +204,7 @@ class Nested(nn.Module):
 
 
 def test_provenance_aliases_and_symbols(tmp_path):
-    writer = _lower(Nested(), tmp_path / "nested.mlxg")
+    writer = lower_module(Nested(), tmp_path / "nested.mlxg")
     ops = [n.op for n in writer.nodes]
     assert ops == ["EmbeddingNode", "LinearNode"]           # clone/contiguous: no nodes
     linear = writer.nodes[1]

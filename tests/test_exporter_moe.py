@@ -11,8 +11,8 @@ decode steps must agree within 1e-4 of the logits' scale and pick the same token
 import numpy as np
 import pytest
 import torch
+from lowering_helpers import check_runs_like_torch, lower_module
 from parity_helpers import hf_greedy_reference, ids, rel_err
-from test_exporter_lowering import _check_runs_like_torch, _lower
 from torch import nn
 
 import mlxgraph
@@ -94,7 +94,7 @@ class Routing(nn.Module):
 
 
 def test_routing_ops_run_like_torch(tmp_path):
-    writer = _lower(Routing().eval(), tmp_path / "r.mlxg")
+    writer = lower_module(Routing().eval(), tmp_path / "r.mlxg")
     ops = [n.op for n in writer.nodes]
     assert ops.count("TopKNode") == 2 and "GatherNode" not in ops and ops.count("EmbeddingNode") == 4
-    _check_runs_like_torch(Routing().eval(), tmp_path / "r2.mlxg", lengths=(1, 2, 5), tol=1e-5)
+    check_runs_like_torch(Routing().eval(), tmp_path / "r2.mlxg", lengths=(1, 2, 5), tol=1e-5)

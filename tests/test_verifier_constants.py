@@ -5,8 +5,8 @@ import struct
 
 from verifier_helpers import const_graph, fault, field_pos, patched, root
 
+from mlxgraph.schema.format import content_hash
 from mlxgraph.schema.verifier import verify_buffer
-from mlxgraph.schema.writer import content_hash
 
 
 def test_constant_faults(tmp_path):

@@ -33,8 +33,8 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     """Compare two graph files numerically; returns 0 (no divergence), 1 (diverged) or 2."""
-    import mlxgraph
     from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
+    from mlxgraph.interpreter.program import Program
     from mlxgraph.schema.errors import GraphFormatError
     from mlxgraph.tools.compare_run import precision, run_compare
 
@@ -45,7 +45,7 @@ def run(args) -> int:
         ga, gb = open_checked(args.a), open_checked(args.b)
         for g, p in ((ga, args.a), (gb, args.b)):
             check_vocab(ids, g.metadata.vocab_size, p)
-        pa, pb = mlxgraph.load(args.a), mlxgraph.load(args.b)
+        pa, pb = Program.load(args.a), Program.load(args.b)
     except ToolError as e:
         return fail(f"compare: {e}")
     except GraphFormatError as e:

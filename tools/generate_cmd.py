@@ -89,15 +89,15 @@ def run(args) -> int:
 
 def _prepare(args):
     """Load the graph, tokenizer, prompt, session and sampler; raises ToolError."""
-    import mlxgraph
     from mlxgraph.interpreter.errors import SessionError
     from mlxgraph.interpreter.kv_cache import CacheError
+    from mlxgraph.interpreter.program import Program
     from mlxgraph.schema.errors import GraphFormatError
     from mlxgraph.tools.sampling import Sampler
     from mlxgraph.tools.tokenizer import TokenizerError, load_tokenizer
 
     try:
-        program = mlxgraph.load(args.graph)
+        program = Program.load(args.graph)
     except GraphFormatError as e:
         raise ToolError(str(e)) from None
     except OSError as e:

@@ -4,7 +4,7 @@ A lowering is called as ``fn(ctx, node)`` with the :class:`~mlxgraph.exporter.lo
 LoweringContext` and the torch.fx node, after run_decompositions. It emits zero or more
 graph nodes through ``ctx`` and returns what the fx node becomes:
 
-- a :class:`~mlxgraph.exporter.lowering_pass.Slot` (a tensor slot),
+- a :class:`~mlxgraph.exporter.lowering_types.Slot` (a tensor slot),
 - an :class:`~mlxgraph.schema.records.Operand` (a runtime int or a literal, for SymInts),
 - a list of those (ops with several outputs, read through ``operator.getitem``),
 - ``None`` (the node has no value, e.g. an assertion).
@@ -13,16 +13,12 @@ A lowering that meets an argument it cannot express raises :class:`LoweringError
 pass collects every such error and every op without a lowering and reports them together.
 """
 
-from importlib import import_module
+from mlxgraph.exporter.lowering_types import LoweringError
+from mlxgraph.schema.registry import LazyRegistry
 
-LOWERINGS: dict = {}
-
-_MODULES = ("elementwise", "reductions", "linalg", "layout", "creation", "symbolic", "attention", "fused",
-            "normalization", "selection")
-
-
-class LoweringError(Exception):
-    """This node's arguments cannot be expressed in the graph format."""
+OP_MODULES = ("elementwise", "reductions", "linalg", "layout", "creation", "symbolic", "attention",
+              "fused", "normalization", "selection")
+LOWERINGS = LazyRegistry(__name__, OP_MODULES)
 
 
 def register(*targets):
@@ -30,23 +26,15 @@ def register(*targets):
 
     def wrap(fn):
         for t in targets:
-            LOWERINGS[t] = fn
+            LOWERINGS.add(t, fn)
         return fn
 
     return wrap
 
 
-_loaded = False
-
-
 def lowerings() -> dict:
     """Every registered lowering by target (imports the op modules on first use)."""
-    global _loaded
-    if not _loaded:
-        for m in _MODULES:
-            import_module(f"{__name__}.{m}")
-        _loaded = True
-    return LOWERINGS
+    return LOWERINGS.table()
 
 
 __all__ = ["LOWERINGS", "LoweringError", "register", "lowerings"]

@@ -3,8 +3,8 @@
 import torch
 
 from mlxgraph.exporter import attention_op  # noqa: F401  (registers the op with torch)
-from mlxgraph.exporter.lowering_pass import torch_dtype_code
-from mlxgraph.exporter.lowerings import LoweringError, register
+from mlxgraph.exporter.lowering_types import LoweringError, torch_dtype_code
+from mlxgraph.exporter.lowerings import register
 
 
 @register(torch.ops.mlxgraph.update_and_attend.default)

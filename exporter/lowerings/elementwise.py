@@ -2,7 +2,8 @@
 
 import torch
 
-from mlxgraph.exporter.lowerings import LoweringError, register
+from mlxgraph.exporter.lowering_types import LoweringError
+from mlxgraph.exporter.lowerings import register
 from mlxgraph.schema.records import Operand
 
 aten = torch.ops.aten

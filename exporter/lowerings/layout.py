@@ -3,9 +3,9 @@ split, casts, and the aliasing ops that need no node at all."""
 
 import torch
 
-from mlxgraph.exporter.lowering_pass import Slot, torch_dtype_code
-from mlxgraph.exporter.lowerings import LoweringError, register
-from mlxgraph.exporter.symbolic_exprs import SymOp
+from mlxgraph.exporter.lowering_types import LoweringError, Slot, torch_dtype_code
+from mlxgraph.exporter.lowerings import register
+from mlxgraph.schema.enums import SymOp
 from mlxgraph.schema.records import Operand
 
 aten = torch.ops.aten

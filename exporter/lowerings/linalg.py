@@ -7,7 +7,8 @@ reaches mm/addmm here: exporter/fusions.py has already made it one ``aten.linear
 
 import torch
 
-from mlxgraph.exporter.lowerings import LoweringError, register
+from mlxgraph.exporter.lowering_types import LoweringError
+from mlxgraph.exporter.lowerings import register
 
 aten = torch.ops.aten
 

@@ -3,7 +3,8 @@ as one LayerNorm node (core ATen keeps ``native_layer_norm`` whole)."""
 
 import torch
 
-from mlxgraph.exporter.lowerings import LoweringError, register
+from mlxgraph.exporter.lowering_types import LoweringError
+from mlxgraph.exporter.lowerings import register
 
 aten = torch.ops.aten
 

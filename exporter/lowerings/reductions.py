@@ -2,8 +2,8 @@
 
 import torch
 
-from mlxgraph.exporter.lowering_pass import torch_dtype_code
-from mlxgraph.exporter.lowerings import LoweringError, register
+from mlxgraph.exporter.lowering_types import LoweringError, torch_dtype_code
+from mlxgraph.exporter.lowerings import register
 
 aten = torch.ops.aten
 

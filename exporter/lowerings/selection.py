@@ -2,8 +2,8 @@
 
 import torch
 
-from mlxgraph.exporter.lowering_pass import Slot
-from mlxgraph.exporter.lowerings import LoweringError, register
+from mlxgraph.exporter.lowering_types import LoweringError, Slot
+from mlxgraph.exporter.lowerings import register
 
 aten = torch.ops.aten
 

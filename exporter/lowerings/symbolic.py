@@ -5,8 +5,9 @@ import operator
 
 import torch
 
-from mlxgraph.exporter.lowerings import LoweringError, register
-from mlxgraph.exporter.symbolic_exprs import SymOp
+from mlxgraph.exporter.lowering_types import LoweringError
+from mlxgraph.exporter.lowerings import register
+from mlxgraph.schema.enums import SymOp
 from mlxgraph.schema.records import Operand
 
 aten = torch.ops.aten

@@ -10,8 +10,8 @@ them for a list output. Kernels never force an evaluation.
 """
 
 from dataclasses import dataclass
-from importlib import import_module
 
+from mlxgraph.schema.registry import LazyRegistry
 from mlxgraph.schema.spec import op_spec
 
 
@@ -24,10 +24,9 @@ class Kernel:
     needs_context: bool
 
 
-KERNELS: dict = {}
-
-_MODULES = ("elementwise", "reductions", "linalg", "layout", "creation", "symbolic", "fused", "attention",
-            "selection")
+OP_MODULES = ("elementwise", "reductions", "linalg", "layout", "creation", "symbolic", "fused",
+              "attention", "selection")
+KERNELS = LazyRegistry(__name__, OP_MODULES)
 
 
 def register(op: str, needs_context: bool = False):
@@ -39,7 +38,7 @@ def register(op: str, needs_context: bool = False):
     name = op_spec(op).name
 
     def wrap(fn):
-        KERNELS[name] = Kernel(name, fn, needs_context)
+        KERNELS.add(name, Kernel(name, fn, needs_context))
         return fn
 
     return wrap
@@ -47,17 +46,4 @@ def register(op: str, needs_context: bool = False):
 
 def get_kernel(op: str) -> Kernel | None:
     """The kernel for an op table name, or None when this version has none."""
-    _load_all()
-    return KERNELS.get(op)
-
-
-_loaded = False
-
-
-def _load_all():
-    """Import every kernel module once (each registers its kernels on import)."""
-    global _loaded
-    if not _loaded:
-        for m in _MODULES:
-            import_module(f"{__name__}.{m}")
-        _loaded = True
+    return KERNELS.table().get(op)

@@ -9,8 +9,8 @@ import math
 
 import mlx.core as mx
 
-from mlxgraph.generated.mlxgraph_generated import RoundingMode
 from mlxgraph.interpreter.kernels import register
+from mlxgraph.schema.enums import RoundingMode
 
 
 def _is_float(v) -> bool:

@@ -6,8 +6,8 @@ tensor. Division and modulo follow Python (floor) semantics, as torch's symbolic
 
 import mlx.core as mx
 
-from mlxgraph.generated.mlxgraph_generated import SymOp
 from mlxgraph.interpreter.kernels import register
+from mlxgraph.schema.enums import SymOp
 
 
 def static_int(v, op: str, what: str) -> int:
