@@ -96,7 +96,9 @@ class Naive(Cache):
     def step(self, q, k, v):
         self._append(k, v)
         mask = "causal" if k.shape[2] > 1 else None
-        return [mx.fast.scaled_dot_product_attention(q, self.keys, self.values, scale=SCALE, mask=mask)]
+        return [
+            mx.fast.scaled_dot_product_attention(q, self.keys, self.values, scale=SCALE, mask=mask)
+        ]
 
     def write(self, k, v):
         self._append(k, v)
@@ -222,8 +224,17 @@ def main() -> None:
     }
     rows = [r for c in CONTEXTS for r in measure(c, dtype, args.reps, args.warmup)]
     if args.json:
-        print(json.dumps({**json_header_for(format_version()), "benchmark": "cache", "config": config, "rows": rows},
-                         indent=2))
+        print(
+            json.dumps(
+                {
+                    **json_header_for(format_version()),
+                    "benchmark": "cache",
+                    "config": config,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
         return
     print(
         f"decode step = write 1 token's k/v + attend 1 query, evaluated; B={B} Hkv={HKV} "
@@ -232,8 +243,10 @@ def main() -> None:
         "write = the write alone (back-to-back); write alloc = bytes newly allocated per "
         "write (0: in place); bytes/token = bytes held / tokens cached"
     )
-    head = (f"{'context':>7}  {'cache':<15} {'step us':>9} {'ratio':>6}  {'write us':>9} {'ratio':>6} "
-            f"{'write alloc':>12}  {'bytes/token':>11}")
+    head = (
+        f"{'context':>7}  {'cache':<15} {'step us':>9} {'ratio':>6}  {'write us':>9} {'ratio':>6} "
+        f"{'write alloc':>12}  {'bytes/token':>11}"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:

@@ -56,11 +56,18 @@ def measure(name: str, model, work: Path, dtype: str, max_seq_len: int) -> dict:
     shutil.rmtree(folder)
     (work / f"{name}.mlxg").unlink()
     return {
-        "model": name, "parameters": params, "dtype": dtype, "safetensors_bytes": st_bytes,
-        "file_bytes": stats["file_bytes"], "size_ratio": stats["file_bytes"] / st_bytes,
-        "nodes": stats["nodes"], "export_seconds": stats["seconds"], "hf_load_seconds": hf_load,
+        "model": name,
+        "parameters": params,
+        "dtype": dtype,
+        "safetensors_bytes": st_bytes,
+        "file_bytes": stats["file_bytes"],
+        "size_ratio": stats["file_bytes"] / st_bytes,
+        "nodes": stats["nodes"],
+        "export_seconds": stats["seconds"],
+        "hf_load_seconds": hf_load,
         "time_ratio_to_hf_load": stats["seconds"] / hf_load,
-        "own_share": (stats["timings"]["lowering"] + stats["timings"]["writing"]) / stats["seconds"],
+        "own_share": (stats["timings"]["lowering"] + stats["timings"]["writing"])
+        / stats["seconds"],
         "steps": {k: round(v, 3) for k, v in stats["timings"].items()},
     }
 
@@ -78,22 +85,45 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="mlxgraph-export-bench-") as tmp:
         work = Path(tmp)
-        rows.append(measure("tiny-llama", builtin_model("tiny-llama"), work, args.dtype, args.max_seq_len))
+        rows.append(
+            measure("tiny-llama", builtin_model("tiny-llama"), work, args.dtype, args.max_seq_len)
+        )
         if not args.skip_large:
             # Built inline, not bound to a name here: measure() drops the only reference
             # before exporting, so the two copies of 150M parameters never coexist.
-            rows.append(measure("llama-150m", build_model(LlamaConfig(**LARGE), seed=0), work, args.dtype,
-                                args.max_seq_len))
+            rows.append(
+                measure(
+                    "llama-150m",
+                    build_model(LlamaConfig(**LARGE), seed=0),
+                    work,
+                    args.dtype,
+                    args.max_seq_len,
+                )
+            )
     if args.json:
-        print(json.dumps({**json_header_for(format_version()), "benchmark": "export",
-                          "machine": platform.machine(), "torch": torch.__version__, "results": rows}, indent=2))
+        print(
+            json.dumps(
+                {
+                    **json_header_for(format_version()),
+                    "benchmark": "export",
+                    "machine": platform.machine(),
+                    "torch": torch.__version__,
+                    "results": rows,
+                },
+                indent=2,
+            )
+        )
         return 0
     print(f"{'model':<12} {'params':>12} {'safetensors':>12} {'.mlxg':>12} {'size x':>7} "
           f"{'export s':>9} {'own %':>6} {'HF load s':>9} {'time x':>7}")
     for r in rows:
-        print(f"{r['model']:<12} {r['parameters']:>12,} {r['safetensors_bytes']:>12,} {r['file_bytes']:>12,} "
-              f"{r['size_ratio']:>7.3f} {r['export_seconds']:>9.2f} {100 * r['own_share']:>6.1f} {r['hf_load_seconds']:>9.2f} "
-              f"{r['time_ratio_to_hf_load']:>7.1f}")
+        print(
+            f"{r['model']:<12} {r['parameters']:>12,} {r['safetensors_bytes']:>12,} "
+            f"{r['file_bytes']:>12,} "
+            f"{r['size_ratio']:>7.3f} {r['export_seconds']:>9.2f} {100 * r['own_share']:>6.1f} "
+            f"{r['hf_load_seconds']:>9.2f} "
+            f"{r['time_ratio_to_hf_load']:>7.1f}"
+        )
         print(f"{'':<12} steps: " + ", ".join(f"{k} {v:.2f}s" for k, v in r["steps"].items()))
     return 0
 

@@ -13,7 +13,8 @@ with the format's own generic tool costs; every row's new-process time is given 
 ratio to it) and ``mlxgraph --help`` (interpreter start and imports: the floor of any
 command).
 
-    .venv/bin/python benchmarks/tools_bench.py [--source auto|export|synthetic] [--repeat 3] [--json]
+    .venv/bin/python benchmarks/tools_bench.py [--source auto|export|synthetic] [--repeat 3]
+        [--json]
 """
 
 import argparse
@@ -39,7 +40,9 @@ def build_exported(folder: Path, dtype: str) -> Path:
 
     hf = folder / "hf-llama-135m"
     if not (hf / "config.json").exists():
-        build_model(make_config("llama", max_position_embeddings=2048, **GEOMETRY), seed=0).save_pretrained(hf)
+        build_model(
+            make_config("llama", max_position_embeddings=2048, **GEOMETRY), seed=0
+        ).save_pretrained(hf)
     out = folder / f"llama-135m-{dtype}.mlxg"
     if not out.exists():
         export(str(hf), str(out), dtype=dtype, max_seq_len=2048)
@@ -51,11 +54,22 @@ def build_synthetic(folder: Path, dtype: str, order_seed=None) -> Path:
     from mlxgraph.tools.synthetic import llama
 
     g = GEOMETRY
-    out = folder / f"synthetic-135m-{dtype}{'' if order_seed is None else f'-order{order_seed}'}.mlxg"
+    out = (
+        folder / f"synthetic-135m-{dtype}{'' if order_seed is None else f'-order{order_seed}'}.mlxg"
+    )
     if not out.exists():
-        llama(layers=g["num_hidden_layers"], hidden=g["hidden_size"], heads=g["num_attention_heads"],
-              kv_heads=g["num_key_value_heads"], intermediate=g["intermediate_size"], vocab=g["vocab_size"],
-              dtype=dtype, max_context=2048, decomposed=True, tied=True).write(out, order_seed=order_seed)
+        llama(
+            layers=g["num_hidden_layers"],
+            hidden=g["hidden_size"],
+            heads=g["num_attention_heads"],
+            kv_heads=g["num_key_value_heads"],
+            intermediate=g["intermediate_size"],
+            vocab=g["vocab_size"],
+            dtype=dtype,
+            max_context=2048,
+            decomposed=True,
+            tied=True,
+        ).write(out, order_seed=order_seed)
     return out
 
 
@@ -88,7 +102,17 @@ def flatc_command(graph: Path, out_dir: Path):
     if flatc is None:
         return None
     schema = Path(__file__).resolve().parent.parent / "schema" / "mlxgraph.fbs"
-    return [flatc, "--json", "--strict-json", "--raw-binary", "-o", str(out_dir), str(schema), "--", str(graph)]
+    return [
+        flatc,
+        "--json",
+        "--strict-json",
+        "--raw-binary",
+        "-o",
+        str(out_dir),
+        str(schema),
+        "--",
+        str(graph),
+    ]
 
 
 def build_graphs(folder: Path, source: str):
@@ -104,8 +128,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source", choices=("auto", "export", "synthetic"), default="auto")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--dir", default=None, help="where to keep the graphs (default: a temporary folder)")
-    ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    ap.add_argument(
+        "--dir", default=None, help="where to keep the graphs (default: a temporary folder)"
+    )
+    ap.add_argument(
+        "--json", action="store_true", help="print one JSON document instead of the table"
+    )
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
@@ -127,11 +155,20 @@ def main() -> int:
         from mlxgraph.tools.output import json_header_for
 
         g = open_graph(a)
-        graph = {"file": a.name, "nodes": len(g.nodes), "tensors": len(g.tensors), "constants": len(g.constants),
-                 "parameters": sum(c.length for c in g.constants) // 4, "bytes": a.stat().st_size}
+        graph = {
+            "file": a.name,
+            "nodes": len(g.nodes),
+            "tensors": len(g.tensors),
+            "constants": len(g.constants),
+            "parameters": sum(c.length for c in g.constants) // 4,
+            "bytes": a.stat().st_size,
+        }
         del g
-        log(f"{a.name}: {graph['nodes']} nodes, {graph['tensors']} tensor slots, {graph['constants']} constants, "
-            f"~{graph['parameters'] / 1e6:.0f}M parameters, {graph['bytes'] / 2**20:.0f} MiB")
+        log(
+            f"{a.name}: {graph['nodes']} nodes, {graph['tensors']} tensor slots, "
+            f"{graph['constants']} constants, "
+            f"~{graph['parameters'] / 1e6:.0f}M parameters, {graph['bytes'] / 2**20:.0f} MiB"
+        )
         cases = [
             ("inspect", ["inspect", str(a)]),
             ("inspect --nodes --constants", ["inspect", str(a), "--nodes", "--constants"]),
@@ -152,22 +189,47 @@ def main() -> int:
         rows = []
         for label, argv in cases:
             t_in, code = time_in_process(argv, args.repeat)
-            rows.append({"command": label, "in_process_s": t_in, "new_process_s": time_process([*tool, *argv], args.repeat),
-                         "exit": code})
+            rows.append(
+                {
+                    "command": label,
+                    "in_process_s": t_in,
+                    "new_process_s": time_process([*tool, *argv], args.repeat),
+                    "exit": code,
+                }
+            )
     base = peers.get("flatc --json")
     for r in rows:
         r["ratio_to_flatc"] = r["new_process_s"] / base if base else None
     if args.json:
-        print(json.dumps({**json_header_for(format_version()), "benchmark": "tools", "source": source, "graph": graph,
-                          "repeat": args.repeat, "target_s": 1.0, "peers_s": peers, "rows": rows}, indent=2))
+        print(
+            json.dumps(
+                {
+                    **json_header_for(format_version()),
+                    "benchmark": "tools",
+                    "source": source,
+                    "graph": graph,
+                    "repeat": args.repeat,
+                    "target_s": 1.0,
+                    "peers_s": peers,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
         return 0
     print(f"{'command':<32} {'in process':>11} {'new process':>12} {'x flatc':>8}  exit")
     for r in rows:
         ratio = f"{r['ratio_to_flatc']:>8.2f}" if base else f"{'-':>8}"
-        print(f"{r['command']:<32} {r['in_process_s']:>9.3f} s {r['new_process_s']:>10.3f} s {ratio}  {r['exit']}")
+        print(
+            f"{r['command']:<32} {r['in_process_s']:>9.3f} s {r['new_process_s']:>10.3f} s "
+            f"{ratio}  {r['exit']}"
+        )
     for label, seconds in peers.items():
         print(f"{'peer: ' + label:<32} {'':>11} {seconds:>10.3f} s")
-    print("target: every command under 1 s in a new process; x flatc = new process / flatc --json of the same file")
+    print(
+        "target: every command under 1 s in a new process; x flatc = new process / flatc --json "
+        "of the same file"
+    )
     return 0
 
 

@@ -24,7 +24,8 @@ from mlxgraph.exporter.attention_op import reference_cache, update_and_attend
 from mlxgraph.schema.records import LayerCacheInfo
 
 ATTN_IMPLEMENTATION = "mlxgraph"
-# transformers' experts implementation without data-dependent shapes (see use_export_friendly_experts).
+# transformers' experts implementation without data-dependent shapes
+# (see use_export_friendly_experts).
 EXPERTS_IMPLEMENTATION = "batched_mm"
 
 # The step being run: positions as [T, 1] and the geometry seen so far. Thread-local so
@@ -60,10 +61,14 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         raise AdapterError(f"{where}: an explicit attention mask is not supported")
     window = int(kwargs.get("sliding_window") or 0)
     scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
-    info = LayerCacheInfo(layer_id, int(key.shape[1]), int(key.shape[-1]), int(value.shape[-1]), window)
+    info = LayerCacheInfo(
+        layer_id, int(key.shape[1]), int(key.shape[-1]), int(value.shape[-1]), window
+    )
     seen = _state.layers.setdefault(layer_id, info)
     if seen != info:
-        raise AdapterError(f"{where} is called twice with different cache geometry: {seen} vs {info}")
+        raise AdapterError(
+            f"{where} is called twice with different cache geometry: {seen} vs {info}"
+        )
     reference_cache.windows[layer_id] = window
     out = torch.ops.mlxgraph.update_and_attend(query, key, value, position, layer_id, scale, None)
     return out.transpose(1, 2), None
@@ -131,5 +136,12 @@ def reset_reference_cache() -> None:
     reference_cache.reset()
 
 
-__all__ = ["DecoderAdapter", "AdapterError", "ATTN_IMPLEMENTATION", "EXPERTS_IMPLEMENTATION", "reset_reference_cache",
-           "update_and_attend", "use_export_friendly_experts"]
+__all__ = [
+    "DecoderAdapter",
+    "AdapterError",
+    "ATTN_IMPLEMENTATION",
+    "EXPERTS_IMPLEMENTATION",
+    "reset_reference_cache",
+    "update_and_attend",
+    "use_export_friendly_experts",
+]

@@ -88,13 +88,15 @@ def fuse_linear(graph, constants) -> int:
                 continue
         else:
             flat, wt = mm.args
-        if not (_is(wt, aten.permute.default) and list(wt.args[1]) == [1, 0] and wt.args[0] in constants):
+        if not (_is(wt, aten.permute.default) and list(wt.args[1]) == [1, 0]
+                and wt.args[0] in constants):
             continue
         x, last, dead = flat, mm, [wt]
         back = _only_user(mm)
         if _is(flat, aten.view.default) and _only_user(flat) is mm and _is(back, aten.view.default):
             inner = flat.args[0]
-            if len(_static_shape(inner)) >= 2 and _static_shape(back)[:-1] == _static_shape(inner)[:-1]:
+            if (len(_static_shape(inner)) >= 2
+                and _static_shape(back)[:-1] == _static_shape(inner)[:-1]):
                 x, last, dead = inner, back, [mm, flat, wt]
         args = [x, wt.args[0]] + ([bias] if bias is not None else [])
         _replace(graph, last, aten.linear.default, args, dead)
@@ -110,7 +112,8 @@ def fuse_silu(graph) -> int:
             continue
         mul = _only_user(sig)
         x = sig.args[0]
-        if _is(mul, aten.mul.Tensor) and set(mul.args) == {x, sig} and mul.args[0] is not mul.args[1]:
+        if (_is(mul, aten.mul.Tensor) and set(mul.args) == {x, sig}
+            and mul.args[0] is not mul.args[1]):
             _replace(graph, mul, aten.silu.default, [x], [sig])
             count += 1
     return count
@@ -125,7 +128,8 @@ def _weight(node, constants):
     """(weight, offset, intermediates) when node is a constant 1-D weight, maybe cast, maybe
     plus a scalar; (None, 0, []) otherwise."""
     offset, chain = 0.0, []
-    if _is(node, aten.add.Tensor) and isinstance(node.args[1], int | float) and len(node.users) == 1:
+    if (_is(node, aten.add.Tensor) and isinstance(node.args[1], int | float)
+        and len(node.users) == 1):
         chain.append(node)
         node, offset = node.args[0], float(node.args[1])
     if _is(node, *_CASTS) and len(node.users) == 1:
@@ -143,7 +147,8 @@ def fuse_rms_norm(graph, constants) -> int:
         if not _is(rs, aten.rsqrt.default):
             continue
         add, norm = rs.args[0], _only_user(rs)
-        if not (_is(add, aten.add.Tensor) and isinstance(add.args[1], float) and _is(norm, aten.mul.Tensor)):
+        if not (_is(add, aten.add.Tensor) and isinstance(add.args[1], float)
+                and _is(norm, aten.mul.Tensor)):
             continue
         mean = add.args[0]
         if not (_is(mean, aten.mean.dim) and len(mean.args) > 2 and mean.args[2] and not mean.kwargs
@@ -152,7 +157,8 @@ def fuse_rms_norm(graph, constants) -> int:
         pw = mean.args[0]
         h = pw.args[0] if _is(pw, aten.pow.Tensor_Scalar) and pw.args[1] == 2 else None
         rank = len(pw.meta["val"].shape) if h is not None else 0
-        if h is None or [d % rank for d in mean.args[1]] != [rank - 1] or _only_user(pw) is not mean:
+        if (h is None or [d % rank for d in mean.args[1]] != [rank - 1]
+            or _only_user(pw) is not mean):
             continue
         if _other(norm, rs) is not h:
             continue
@@ -205,7 +211,8 @@ def fuse_rope(graph) -> int:
         if x is None or _half_slice(hi, x, False) is None or _half_slice(lo, x, True) is None:
             continue
         mul_sin, rank = _only_user(cat), len(x.meta["val"].shape)
-        if cat.args[1] % rank != rank - 1 or not _is(mul_sin, aten.mul.Tensor) or _only_user(neg) is not cat:
+        if (cat.args[1] % rank != rank - 1 or not _is(mul_sin, aten.mul.Tensor)
+            or _only_user(neg) is not cat):
             continue
         sin = _other(mul_sin, cat)
         add = _only_user(mul_sin)
@@ -230,7 +237,8 @@ def eliminate_common_subexpressions(graph) -> int:
     for n in list(graph.nodes):
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
             continue
-        if n.target.namespace != "aten" or not n.users or torch.Tag.nondeterministic_seeded in n.target.tags:
+        if (n.target.namespace != "aten" or not n.users
+            or torch.Tag.nondeterministic_seeded in n.target.tags):
             continue
         try:
             key = (n.target, _freeze(n.args), _freeze(n.kwargs))

@@ -129,7 +129,9 @@ def _constant_array(tensor: torch.Tensor):
     return t.numpy(), name
 
 
-def lower_program(ep, writer, output_names=("logits",), strip_prefix: str = "model.", fuse: bool = True) -> dict:
+def lower_program(
+    ep, writer, output_names=("logits",), strip_prefix: str = "model.", fuse: bool = True
+) -> dict:
     """Lower an exported program into ``writer``.
 
     Args:
@@ -149,7 +151,11 @@ def lower_program(ep, writer, output_names=("logits",), strip_prefix: str = "mod
     ctx = LoweringContext(writer, symbols, strip_prefix)
     sig = {s.arg.name: s for s in ep.graph_signature.input_specs}
     problems = []
-    user_inputs = [n for n in ep.graph.nodes if n.op == "placeholder" and sig[n.name].kind == InputKind.USER_INPUT]
+    user_inputs = [
+        n
+        for n in ep.graph.nodes
+        if n.op == "placeholder" and sig[n.name].kind == InputKind.USER_INPUT
+    ]
     symbols.declare_from_inputs([(n.name, n.meta["val"]) for n in user_inputs])
     table = lowerings()
     for n in ep.graph.nodes:
@@ -161,7 +167,9 @@ def lower_program(ep, writer, output_names=("logits",), strip_prefix: str = "mod
         elif n.op == "output":
             _lower_outputs(ctx, n, output_names, problems)
         else:
-            problems.append(Problem(f"fx op {n.op}", n.name, source_location(n, strip_prefix), "not supported"))
+            problems.append(
+                Problem(f"fx op {n.op}", n.name, source_location(n, strip_prefix), "not supported")
+            )
             ctx.env[n] = POISON
     if problems:
         raise UnsupportedOpsError(problems)
@@ -174,7 +182,11 @@ def _lower_placeholder(ctx, ep, spec, problems):
     if spec.kind in _CONSTANT_KINDS:
         if not n.users:
             return None  # an unused buffer costs file bytes for nothing
-        tensor = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
+        tensor = (
+            ep.state_dict[spec.target]
+            if spec.target in ep.state_dict
+            else ep.constants[spec.target]
+        )
         arr, dtype = _constant_array(tensor)
         name = spec.target[len(prefix):] if spec.target.startswith(prefix) else spec.target
         return Slot(ctx.writer.add_constant(name, arr, dtype))
@@ -189,13 +201,20 @@ def _lower_placeholder(ctx, ep, spec, problems):
 def _lower_outputs(ctx, n, output_names, problems) -> None:
     outs = n.args[0]
     if len(outs) != len(output_names):
-        raise ValueError(f"the program has {len(outs)} outputs, expected {len(output_names)} ({', '.join(output_names)})")
+        raise ValueError(
+            f"the program has {len(outs)} outputs, expected {len(output_names)} "
+            f"({', '.join(output_names)})"
+        )
     for name, arg in zip(output_names, outs, strict=True):
         v = ctx.lookup(arg)
         if isinstance(v, Slot):
             ctx.writer.add_output(name, v.index)
         elif v is not POISON:  # a poisoned output is a consequence, already reported
-            where = source_location(arg, ctx.strip_prefix) if isinstance(arg, torch.fx.Node) else "<output>"
+            where = (
+                source_location(arg, ctx.strip_prefix)
+                if isinstance(arg, torch.fx.Node)
+                else "<output>"
+            )
             problems.append(Problem(f"output {name}", n.name, where, f"is not a tensor ({v!r})"))
 
 
@@ -218,7 +237,9 @@ def _lower_node(ctx, table, n, problems):
             reason = str(e)
         except Exception as e:  # a bug in a lowering: still one report, not a traceback
             reason = f"internal error in its lowering, please report: {type(e).__name__}: {e}"
-    problems.append(Problem(_target_name(n.target), n.name, source_location(n, ctx.strip_prefix), reason))
+    problems.append(
+        Problem(_target_name(n.target), n.name, source_location(n, ctx.strip_prefix), reason)
+    )
     return POISON
 
 

@@ -48,7 +48,9 @@ def load_model(model, dtype: str):
         raise ExportError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if isinstance(model, torch.nn.Module):
         if not hasattr(model, "set_attn_implementation"):
-            raise ExportError(f"{type(model).__name__} is not a transformers model (export takes a *ForCausalLM)")
+            raise ExportError(
+                f"{type(model).__name__} is not a transformers model (export takes a *ForCausalLM)"
+            )
         return model.eval().to(DTYPES[dtype]), {"source": type(model).__name__, "tokenizer": ""}
     name = str(model)
     if name in BUILTINS:
@@ -56,11 +58,15 @@ def load_model(model, dtype: str):
     folder = Path(name)
     if not (folder / "config.json").is_file():
         known = ", ".join(BUILTINS)
-        raise ExportError(f"unknown model {name!r}: not a folder with config.json, nor a built-in ({known})")
+        raise ExportError(
+            f"unknown model {name!r}: not a folder with config.json, nor a built-in ({known})"
+        )
     from transformers import AutoModelForCausalLM
 
     try:
-        m, loading = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype], output_loading_info=True)
+        m, loading = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=DTYPES[dtype], output_loading_info=True
+        )
     except Exception as e:  # config, weights, safetensors, missing code: all the folder's fault
         raise ExportError(f"{folder}: cannot load the model: {type(e).__name__}: {e}") from e
     # transformers fills what the checkpoint lacks with random weights and only logs it;
@@ -68,10 +74,15 @@ def load_model(model, dtype: str):
     # (Weights of the wrong shape already fail the load.)
     missing = sorted(loading.get("missing_keys", ()))
     if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
         raise ExportError(f"{folder}: the checkpoint lacks {len(missing)} weight(s): {shown}")
     has_tokenizer = any((folder / f).is_file() for f in _TOKENIZER_FILES)
-    return m.eval(), {"source": str(folder.resolve()), "tokenizer": str(folder.resolve()) if has_tokenizer else ""}
+    return m.eval(), {
+        "source": str(folder.resolve()),
+        "tokenizer": str(folder.resolve()) if has_tokenizer else "",
+    }
 
 
 def _token_ids(value) -> tuple:
@@ -91,7 +102,9 @@ def model_info(model, adapter, source: dict, max_seq_len: int, dtype: str) -> Mo
     """
     cfg = model.config
     gen = getattr(model, "generation_config", None)
-    eos = _token_ids(getattr(cfg, "eos_token_id", None)) or _token_ids(getattr(gen, "eos_token_id", None))
+    eos = _token_ids(getattr(cfg, "eos_token_id", None)) or _token_ids(
+        getattr(gen, "eos_token_id", None)
+    )
     bos = getattr(cfg, "bos_token_id", None)
     if bos is None and gen is not None:
         bos = gen.bos_token_id
@@ -102,10 +115,16 @@ def model_info(model, adapter, source: dict, max_seq_len: int, dtype: str) -> Mo
     if getattr(cfg, "max_position_embeddings", None):
         extra["max_position_embeddings"] = cfg.max_position_embeddings
     return ModelInfo(
-        architecture=archs[0], num_layers=int(getattr(cfg, "num_hidden_layers", len(layers))),
-        vocab_size=int(cfg.vocab_size), hidden_size=int(cfg.hidden_size), max_context=int(max_seq_len),
-        eos_token_ids=eos, bos_token_id=-1 if bos is None else int(bos), layers=layers,
-        tokenizer=source["tokenizer"], extra=extra,
+        architecture=archs[0],
+        num_layers=int(getattr(cfg, "num_hidden_layers", len(layers))),
+        vocab_size=int(cfg.vocab_size),
+        hidden_size=int(cfg.hidden_size),
+        max_context=int(max_seq_len),
+        eos_token_ids=eos,
+        bos_token_id=-1 if bos is None else int(bos),
+        layers=layers,
+        tokenizer=source["tokenizer"],
+        extra=extra,
     )
 
 
@@ -199,7 +218,9 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
         raise ExportError(f"{source['source']}: max_seq_len {max_seq_len} exceeds the model's "
                           f"max_position_embeddings {limit}; export with max_seq_len <= {limit}")
     previous = m.config._attn_implementation
-    previous_experts = m.get_experts_implementation() if hasattr(m, "get_experts_implementation") else None
+    previous_experts = (
+        m.get_experts_implementation() if hasattr(m, "get_experts_implementation") else None
+    )
     try:
         adapter = DecoderAdapter(m)
         ep = step("torch.export", lambda: trace(adapter, max_seq_len))
@@ -210,8 +231,10 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
         if previous_experts is not None and previous_experts != m.get_experts_implementation():
             m.set_experts_implementation(previous_experts)
     if not adapter.layer_infos():
-        raise AdapterError(f"{type(m).__name__}: no attention layer called the mlxgraph attention "
-                           "implementation (the model does not use transformers' AttentionInterface)")
+        raise AdapterError(
+            f"{type(m).__name__}: no attention layer called the mlxgraph attention "
+            "implementation (the model does not use transformers' AttentionInterface)"
+        )
     ep = step("decompositions", lambda: decompose(ep))
     writer = GraphWriter(producer=f"mlxgraph exporter (torch {torch.__version__})")
     lowered = step("lowering", lambda: lower_program(ep, writer, output_names=("logits",)))
@@ -219,13 +242,32 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
     sizes = step("writing", lambda: writer.write(out_path))
     ops = Counter(n.op[:-4] if n.op.endswith("Node") else n.op for n in writer.nodes)
     return {
-        "path": str(out_path), "model": source["source"], "dtype": dtype, "max_seq_len": max_seq_len,
-        "nodes": len(writer.nodes), "ops": dict(ops.most_common()), "tensors": len(writer.tensors),
-        "constants": len(writer.constants), "constant_bytes": sizes["constant_bytes"],
-        "file_bytes": sizes["bytes"], "parameters": sum(p.numel() for p in m.parameters()),
-        "fusions": lowered["fusions"], "seconds": time.perf_counter() - t_start, "timings": timings,
+        "path": str(out_path),
+        "model": source["source"],
+        "dtype": dtype,
+        "max_seq_len": max_seq_len,
+        "nodes": len(writer.nodes),
+        "ops": dict(ops.most_common()),
+        "tensors": len(writer.tensors),
+        "constants": len(writer.constants),
+        "constant_bytes": sizes["constant_bytes"],
+        "file_bytes": sizes["bytes"],
+        "parameters": sum(p.numel() for p in m.parameters()),
+        "fusions": lowered["fusions"],
+        "seconds": time.perf_counter() - t_start,
+        "timings": timings,
     }
 
 
-__all__ = ["export", "ExportError", "TraceError", "AdapterError", "UnsupportedOpsError", "load_model", "trace",
-           "decompose", "DTYPES", "INPUT_DTYPE"]
+__all__ = [
+    "export",
+    "ExportError",
+    "TraceError",
+    "AdapterError",
+    "UnsupportedOpsError",
+    "load_model",
+    "trace",
+    "decompose",
+    "DTYPES",
+    "INPUT_DTYPE",
+]

@@ -70,7 +70,10 @@ def _file_of(symbol) -> str:
     """The real path of the library that defines a ctypes function ('' if unknown)."""
     try:
         info = _DlInfo()
-        if ctypes.CDLL(None).dladdr(ctypes.cast(symbol, ctypes.c_void_p), ctypes.byref(info)) and info.dli_fname:
+        if (
+            ctypes.CDLL(None).dladdr(ctypes.cast(symbol, ctypes.c_void_p), ctypes.byref(info))
+            and info.dli_fname
+        ):
             return os.path.realpath(info.dli_fname.decode())
     except (AttributeError, OSError):
         pass
@@ -83,7 +86,9 @@ def _identify(lib) -> tuple[str, str]:
         lib.openblas_get_config.restype = ctypes.c_char_p
         config = lib.openblas_get_config().decode(errors="replace").split()
         name = " ".join(config[:2]) if len(config) >= 2 else "OpenBLAS"
-        threads = lib.openblas_get_num_threads() if hasattr(lib, "openblas_get_num_threads") else None
+        threads = (
+            lib.openblas_get_num_threads() if hasattr(lib, "openblas_get_num_threads") else None
+        )
         core = ""
         if hasattr(lib, "openblas_get_corename"):
             lib.openblas_get_corename.restype = ctypes.c_char_p
@@ -148,7 +153,9 @@ def preload_blas(env: dict | None = None) -> BlasInfo:
         _state = BlasInfo(bundled.name, bundled.path, False, "mlx was imported before the preload")
         return _state
     if "torch" in sys.modules:
-        _state = BlasInfo(bundled.name, bundled.path, False, "not preloaded: torch is loaded in this process")
+        _state = BlasInfo(
+            bundled.name, bundled.path, False, "not preloaded: torch is loaded in this process"
+        )
         return _state
     candidates = [requested.strip()] if requested is not None else list(CANDIDATES)
     for cand in candidates:
@@ -159,9 +166,15 @@ def preload_blas(env: dict | None = None) -> BlasInfo:
             return _state
         if requested is not None:
             why = "it has no cblas_sgemm" if lib is False else "it cannot be loaded"
-            raise BlasError(f"{ENV_VAR}={requested}: {why} (set {ENV_VAR}=none to use the bundled BLAS)")
-    _state = BlasInfo(bundled.name, bundled.path, False,
-                      "no optimised CBLAS found; on Debian/Ubuntu: apt-get install libopenblas0-pthread")
+            raise BlasError(
+                f"{ENV_VAR}={requested}: {why} (set {ENV_VAR}=none to use the bundled BLAS)"
+            )
+    _state = BlasInfo(
+        bundled.name,
+        bundled.path,
+        False,
+        "no optimised CBLAS found; on Debian/Ubuntu: apt-get install libopenblas0-pthread",
+    )
     return _state
 
 
@@ -175,4 +188,12 @@ def blas_in_use() -> BlasInfo:
     return bundled_blas()
 
 
-__all__ = ["BlasError", "BlasInfo", "CANDIDATES", "ENV_VAR", "blas_in_use", "bundled_blas", "preload_blas"]
+__all__ = [
+    "BlasError",
+    "BlasInfo",
+    "CANDIDATES",
+    "ENV_VAR",
+    "blas_in_use",
+    "bundled_blas",
+    "preload_blas",
+]

@@ -87,7 +87,9 @@ def grown(buf: mx.array | None, shape: tuple[int, int, int, int], dtype: mx.Dtyp
     return mx.concatenate([buf, pad], axis=2)
 
 
-def ordered_mask(first_key: int, n_keys: int, first_query: int, n_queries: int, window: int) -> Mask:
+def ordered_mask(
+    first_key: int, n_keys: int, first_query: int, n_queries: int, window: int
+) -> Mask:
     """Mask for keys at consecutive positions whose last key is the last query.
 
     Args:

@@ -213,7 +213,9 @@ class KVStore(StoreState):
         if k.shape[0] != v.shape[0] or k.shape[2] != v.shape[2]:
             raise self._error(f"k {k.shape} and v {v.shape} disagree on B or T")
         if self._batch is not None and k.shape[0] != self._batch:
-            raise self._error(f"batch {k.shape[0]} but the cache holds batch {self._batch}; reset() first")
+            raise self._error(
+                f"batch {k.shape[0]} but the cache holds batch {self._batch}; reset() first"
+            )
         if not mx.issubdtype(k.dtype, mx.floating) or not mx.issubdtype(v.dtype, mx.floating):
             raise self._error(f"k/v must be floating point, got {k.dtype} and {v.dtype}")
 
@@ -247,7 +249,10 @@ class KVStore(StoreState):
         lo = first % slots
         if lo + (end - first) <= buf_k.shape[2]:
             # The keys the step needs sit in order in one run of slots: a view.
-            keys, values = buf_k[:, :, lo : lo + end - first, :], buf_v[:, :, lo : lo + end - first, :]
+            keys, values = (
+                buf_k[:, :, lo : lo + end - first, :],
+                buf_v[:, :, lo : lo + end - first, :],
+            )
             mask = ordered_mask(first, end - first, start, t, w)
         else:
             keys, values = buf_k, buf_v

@@ -19,7 +19,11 @@ class GraphRuntimeError(RuntimeError):
         self.node_index = node_index
         self.op = op
         self.reason = reason
-        src = f" (from {provenance.source} in {provenance.module_path or '?'})" if provenance and provenance.source else ""
+        src = (
+            f" (from {provenance.source} in {provenance.module_path or '?'})"
+            if provenance and provenance.source
+            else ""
+        )
         super().__init__(f"{self.path}: node {node_index} ({op}){src}: {reason}")
 
 

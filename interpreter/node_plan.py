@@ -24,8 +24,8 @@ class ResolvedNode:
     record: object          # the NodeRecord (for errors, observers, tools)
     fn: object
     needs_context: bool
-    tensor_reads: tuple     # (field name, tensor slot): the common input, read on the fast path
-    reads: tuple            # every other input: (field name, how, where), how in VALUE..OPERAND_LIST
+    tensor_reads: tuple  # (field name, tensor slot): the common input, read on the fast path
+    reads: tuple  # every other input: (field name, how, where), how in VALUE..OPERAND_LIST
     fixed: dict             # attributes and output-slot fields, passed as they are
     out_kind: str           # 'tensor' | 'tensors' | 'value'
     out_slots: tuple        # tensor or value slots written
@@ -49,7 +49,9 @@ def resolve_node(index, record, tensor_dtypes, path) -> ResolvedNode:
     spec = op_spec(record.op)
     kernel = get_kernel(spec.name)
     if kernel is None:
-        raise GraphFormatError(f"op {spec.short_name} has no kernel in this mlxgraph", path, index, "op")
+        raise GraphFormatError(
+            f"op {spec.short_name} has no kernel in this mlxgraph", path, index, "op"
+        )
     reads, fixed = [], {}
     out_kind, out_slots = "tensor", ()
     for f in spec.table.fields:
@@ -86,5 +88,15 @@ def resolve_node(index, record, tensor_dtypes, path) -> ResolvedNode:
     dtypes = tuple(tensor_dtypes[s] for s in out_slots) if out_kind != "value" else ()
     tensor_reads = tuple((name, where) for name, how, where in reads if how == TENSOR)
     other_reads = tuple(r for r in reads if r[1] != TENSOR)
-    return ResolvedNode(index, record, kernel.fn, kernel.needs_context, tensor_reads, other_reads, fixed,
-                        out_kind, out_slots, dtypes)
+    return ResolvedNode(
+        index,
+        record,
+        kernel.fn,
+        kernel.needs_context,
+        tensor_reads,
+        other_reads,
+        fixed,
+        out_kind,
+        out_slots,
+        dtypes,
+    )

@@ -124,10 +124,19 @@ def _layer_geometry(graph, nodes) -> dict:
             continue
         lid = n.fixed["layer_id"]
         if lid in out:
-            raise GraphFormatError(f"layer_id {lid} is used by two UpdateAndAttend nodes", graph.path, n.index, "layer_id")
+            raise GraphFormatError(
+                f"layer_id {lid} is used by two UpdateAndAttend nodes",
+                graph.path,
+                n.index,
+                "layer_id",
+            )
         if lid not in known:
-            raise GraphFormatError(f"layer_id {lid} has no cache geometry in the metadata (metadata.layers)",
-                                   graph.path, n.index, "layer_id")
+            raise GraphFormatError(
+                f"layer_id {lid} has no cache geometry in the metadata (metadata.layers)",
+                graph.path,
+                n.index,
+                "layer_id",
+            )
         out[lid] = known[lid]
     return out
 

@@ -56,7 +56,9 @@ def decode_op_table(spec, table) -> dict:
                 out[f.name] = None
             elif f.type == "Operand":
                 getter = getattr(obj, f.accessor)
-                out[f.name] = [decode_operand(getter(j)) for j in range(getattr(obj, f"{f.accessor}Length")())]
+                out[f.name] = [
+                    decode_operand(getter(j)) for j in range(getattr(obj, f"{f.accessor}Length")())
+                ]
             else:
                 out[f.name] = [x.item() for x in getattr(obj, f"{f.accessor}AsNumpy")()]
         elif f.type == "Operand":
@@ -102,7 +104,11 @@ class GraphFile:
                 sym = d.Symbol()
                 shape.append(names[sym] if sym >= 0 else (None if sym == -2 else d.Size()))
             dt = t.Dtype()
-            out.append(TensorInfo(_str(t.Name()), None if dt is None else dtype_info(dt).name, tuple(shape)))
+            out.append(
+                TensorInfo(
+                    _str(t.Name()), None if dt is None else dtype_info(dt).name, tuple(shape)
+                )
+            )
         return out
 
     @cached_property
@@ -150,7 +156,11 @@ class GraphFile:
         layers = []
         for i in range(m.LayersLength()):
             lc = m.Layers(i)
-            layers.append(LayerCacheInfo(lc.LayerId(), lc.KvHeads(), lc.HeadDim(), lc.VHeadDim(), lc.SlidingWindow()))
+            layers.append(
+                LayerCacheInfo(
+                    lc.LayerId(), lc.KvHeads(), lc.HeadDim(), lc.VHeadDim(), lc.SlidingWindow()
+                )
+            )
         extra = {}
         for i in range(m.ExtraLength()):
             kv = m.Extra(i)
@@ -172,7 +182,11 @@ class GraphFile:
             spec = specs[node.OpType()]
             fields = decode_op_table(spec, node.Op())
             p = node.Provenance()
-            prov = Provenance(_str(p.Source()), _str(p.ModulePath()), _str(p.Target())) if p else Provenance()
+            prov = (
+                Provenance(_str(p.Source()), _str(p.ModulePath()), _str(p.Target()))
+                if p
+                else Provenance()
+            )
             out.append(NodeRecord(spec.name, fields, prov))
         return out
 
@@ -182,11 +196,13 @@ class GraphFile:
         return memoryview(self.data)[c.offset:c.offset + c.length]
 
     def constant_array(self, index: int) -> np.ndarray:
-        """Constant ``index`` as a read-only numpy view in its storage dtype (bfloat16 as uint16)."""
+        """Constant ``index`` as a read-only numpy view in its storage dtype (bfloat16: uint16)."""
         c = self.constants[index]
         t = self.tensors[c.tensor]
         info = dtype_info(t.dtype)
-        arr = np.frombuffer(self.data, dtype=info.numpy_storage, count=c.length // info.itemsize, offset=c.offset)
+        arr = np.frombuffer(
+            self.data, dtype=info.numpy_storage, count=c.length // info.itemsize, offset=c.offset
+        )
         return arr.reshape(t.shape)
 
 

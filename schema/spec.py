@@ -85,7 +85,9 @@ class Schema:
         return None
 
 
-_TOKEN = re.compile(r'\s*(?:(//[^\n]*)|(/\*.*?\*/)|("[^"]*")|([A-Za-z_][\w.]*)|(-?[\d.]+(?:e-?\d+)?)|(\S))', re.S)
+_TOKEN = re.compile(
+    r'\s*(?:(//[^\n]*)|(/\*.*?\*/)|("[^"]*")|([A-Za-z_][\w.]*)|(-?[\d.]+(?:e-?\d+)?)|(\S))', re.S
+)
 
 
 def _tokenize(text: str) -> list:
@@ -113,7 +115,9 @@ class _Parser:
     def take(self, expected=None):
         tok = self.peek()
         if tok is None or (expected is not None and tok != expected):
-            raise ValueError(f"schema parse error near token {self.i}: expected {expected!r}, got {tok!r}")
+            raise ValueError(
+                f"schema parse error near token {self.i}: expected {expected!r}, got {tok!r}"
+            )
         self.i += 1
         return tok
 

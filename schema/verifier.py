@@ -61,9 +61,19 @@ def verify_report(data, path=None, deep: bool = False) -> VerifyReport:
         return _verify(data, deep)
     except GraphFormatError as e:
         raise e.located(path=path) from None
-    except (struct.error, IndexError, KeyError, ValueError, TypeError, OverflowError, RecursionError) as e:
+    except (
+        struct.error,
+        IndexError,
+        KeyError,
+        ValueError,
+        TypeError,
+        OverflowError,
+        RecursionError,
+    ) as e:
         # A check this verifier lacks; still a bad file, so still the one error type.
-        raise GraphFormatError(f"malformed file (unchecked fault {type(e).__name__}: {e})", path) from None
+        raise GraphFormatError(
+            f"malformed file (unchecked fault {type(e).__name__}: {e})", path
+        ) from None
 
 
 def peek_version(data) -> tuple | None:
@@ -86,14 +96,21 @@ def _unknown(version):
 
     def message(what: str, code: int) -> str:
         if version > (FORMAT_MAJOR, FORMAT_MINOR):
-            return (f"{what} code {code} unknown to this mlxgraph (format {ours}); the file was written by "
-                    f"format {theirs}: a newer mlxgraph is needed")
-        return f"{what} code {code} unknown: format {theirs}, which the file claims, has no such code"
+            return (
+                f"{what} code {code} unknown to this mlxgraph (format {ours}); the file was "
+                "written by "
+                f"format {theirs}: a newer mlxgraph is needed"
+            )
+        return (
+            f"{what} code {code} unknown: format {theirs}, which the file claims, has no such code"
+        )
+
     return message
 
 
 def _located(e: Bad) -> GraphFormatError:
-    """A structural fault as GraphFormatError: node index under chains[0].nodes, else a field path."""
+    """A structural fault as GraphFormatError: the node index under chains[0].nodes, else a
+    field path."""
     parts = e.parts[::-1]
     node = None
     if parts[:3] == ["chains", "[0]", "nodes"] and len(parts) > 3:
@@ -101,7 +118,9 @@ def _located(e: Bad) -> GraphFormatError:
         parts = parts[4:]
         if parts[:1] == ["op"] and len(parts) > 1:
             parts = parts[1:]
-    field = "".join(p if p.startswith("[") or i == 0 else "." + p for i, p in enumerate(parts)) or None
+    field = (
+        "".join(p if p.startswith("[") or i == 0 else "." + p for i, p in enumerate(parts)) or None
+    )
     return GraphFormatError(e.reason, node=node, field=field)
 
 
@@ -111,7 +130,9 @@ def _verify(data, deep: bool) -> VerifyReport:
         raise GraphFormatError(f"file too short to be a graph file ({size} bytes)")
     ident = bytes(data[4:8])
     if ident != FILE_IDENTIFIER:
-        raise GraphFormatError(f"not a graph file: identifier {ident!r}, expected {FILE_IDENTIFIER!r}")
+        raise GraphFormatError(
+            f"not a graph file: identifier {ident!r}, expected {FILE_IDENTIFIER!r}"
+        )
     plan = table_plans()["Graph"]
     try:
         probe = Walker(data, min(size, MAX_FLATBUFFER_BYTES), _unknown((0, 0)))
@@ -126,14 +147,22 @@ def _verify(data, deep: bool) -> VerifyReport:
     _check_version(version)
     seg, seg_len = head["segment_offset"], head["segment_length"]
     if seg > size:
-        raise GraphFormatError(f"file truncated: it has {size} bytes, its FlatBuffer part alone takes {seg}",
-                               field="segment_offset")
+        raise GraphFormatError(
+            f"file truncated: it has {size} bytes, its FlatBuffer part alone takes {seg}",
+            field="segment_offset",
+        )
     if seg % ALIGNMENT or not root < seg <= MAX_FLATBUFFER_BYTES:
-        raise GraphFormatError(f"segment_offset {seg} is not a {ALIGNMENT}-byte aligned end of the FlatBuffer "
-                               f"part within the file ({size} bytes)", field="segment_offset")
+        raise GraphFormatError(
+            f"segment_offset {seg} is not a {ALIGNMENT}-byte aligned end of the FlatBuffer "
+            f"part within the file ({size} bytes)",
+            field="segment_offset",
+        )
     if seg + seg_len > size:
-        raise GraphFormatError(f"file truncated: it has {size} bytes, its constant segment ends at byte "
-                               f"{seg + seg_len}", field="segment_length")
+        raise GraphFormatError(
+            f"file truncated: it has {size} bytes, its constant segment ends at byte "
+            f"{seg + seg_len}",
+            field="segment_length",
+        )
     if seg + seg_len < size:
         raise GraphFormatError(f"{size - seg - seg_len} extra bytes after the constant segment, "
                                f"which ends at byte {seg + seg_len}", field="segment_length")
@@ -142,15 +171,28 @@ def _verify(data, deep: bool) -> VerifyReport:
     except Bad as e:
         raise _located(e) from None
     check_graph(graph, data, deep)
-    return VerifyReport(f"{version[0]}.{version[1]}", graph.producer.decode("utf-8", "replace") if graph.producer else "",
-                        len(graph.chains[0].nodes), len(graph.tensors), len(graph.constants or ()), size, seg, seg_len)
+    return VerifyReport(
+        f"{version[0]}.{version[1]}",
+        graph.producer.decode("utf-8", "replace") if graph.producer else "",
+        len(graph.chains[0].nodes),
+        len(graph.tensors),
+        len(graph.constants or ()),
+        size,
+        seg,
+        seg_len,
+    )
 
 
 def _check_version(version) -> None:
     major, minor = version
     if major > FORMAT_MAJOR:
-        raise GraphFormatError(f"format {major}.{minor} is newer than this mlxgraph reads (format {FORMAT_MAJOR}."
-                               f"{FORMAT_MINOR} and older): a newer mlxgraph, one that reads format {major}.x, "
-                               "is needed", field="version_major")
+        raise GraphFormatError(
+            f"format {major}.{minor} is newer than this mlxgraph reads (format {FORMAT_MAJOR}."
+            f"{FORMAT_MINOR} and older): a newer mlxgraph, one that reads format {major}.x, "
+            "is needed",
+            field="version_major",
+        )
     if major < 1:
-        raise GraphFormatError(f"format {major}.{minor} was never released (the first is 1.0)", field="version_major")
+        raise GraphFormatError(
+            f"format {major}.{minor} was never released (the first is 1.0)", field="version_major"
+        )

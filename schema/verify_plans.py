@@ -99,7 +99,9 @@ def table_plans() -> dict:
         spec = schema.types[name]
         for f in spec.fields:
             plan.fields.append(_field_plan(schema, plans, structs, name, f))
-            plan.defaults.append(_default(schema, f) if schema.scalar_size(f.type) and not f.is_vector else None)
+            plan.defaults.append(
+                _default(schema, f) if schema.scalar_size(f.type) and not f.is_vector else None
+            )
             plan.entries = max(plan.entries, 3 + f.slot)
         plan.record = namedtuple(name, [f.name for f in spec.fields])
         plan.vt_unpack = [struct.Struct(f"<{k}H").unpack_from for k in range(plan.entries + 1)]
@@ -110,17 +112,23 @@ def _field_plan(schema, plans, structs, table, f) -> FieldPlan:
     attrs = f.attributes
     nullable = "optional" in attrs or "nullable" in attrs
     # A deprecated field is no longer written, so it can never be required.
-    required = "deprecated" not in attrs and ("required" in attrs or (f.default == "null" and not nullable))
+    required = "deprecated" not in attrs and (
+        "required" in attrs or (f.default == "null" and not nullable)
+    )
     ftype = schema.types.get(f.type)
     vi = 2 + f.slot
     enum = _enum_info(ftype) if ftype is not None and ftype.kind == "enum" else None
     if ftype is not None and ftype.kind == "union":
         members = {code: plans[m] for m, code in ftype.values.items()}
-        return FieldPlan(f.name, vi, UNION, 4, 4, "", (members, CODE_NAMES.get(f.type, f.type)), required, None)
+        return FieldPlan(
+            f.name, vi, UNION, 4, 4, "", (members, CODE_NAMES.get(f.type, f.type)), required, None
+        )
     base = ftype.underlying if enum else f.type
     if f.is_vector:
         if base in _FMT:
-            return FieldPlan(f.name, vi, VSCALAR, 4, 4, "", (_FMT[base], SCALAR_SIZES[base]), required, enum)
+            return FieldPlan(
+                f.name, vi, VSCALAR, 4, 4, "", (_FMT[base], SCALAR_SIZES[base]), required, enum
+            )
         if f.type == "string":
             return FieldPlan(f.name, vi, VSTRING, 4, 4, "", None, required, None)
         if ftype.kind == "struct":

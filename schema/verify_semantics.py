@@ -56,22 +56,36 @@ def check_graph(g, data, deep: bool) -> None:
     for i, s in enumerate(g.symbols or ()):
         _slot(s.value, nv, "value", None, f"symbols[{i}].value")
         if s.min < 0 or (s.max is not None and s.max < s.min):
-            raise GraphFormatError(f"symbol bounds [{s.min}, {s.max}] are invalid", field=f"symbols[{i}]")
+            raise GraphFormatError(
+                f"symbol bounds [{s.min}, {s.max}] are invalid", field=f"symbols[{i}]"
+            )
     for i, t in enumerate(g.tensors):
         for j, d in enumerate(t.shape):
-            if d.symbol >= ns or d.symbol < -2 or (d.symbol == -1 and d.size < 0) or (d.symbol == -2 and d.size < -1):
-                raise GraphFormatError(f"dim (size {d.size}, symbol {d.symbol}) is invalid (the graph has {ns} symbols)",
-                                       field=f"tensors[{i}].shape[{j}]")
+            if (
+                d.symbol >= ns
+                or d.symbol < -2
+                or (d.symbol == -1 and d.size < 0)
+                or (d.symbol == -2 and d.size < -1)
+            ):
+                raise GraphFormatError(
+                    f"dim (size {d.size}, symbol {d.symbol}) is invalid (the graph has {ns} "
+                    "symbols)",
+                    field=f"tensors[{i}].shape[{j}]",
+                )
     inputs = _io(g.inputs, nt, "inputs")
     _io(g.outputs, nt, "outputs")
     const_slots = _constants(g, data, deep)
     both = inputs & const_slots
     if both:
-        raise GraphFormatError(f"tensor slot {min(both)} is both a graph input and a constant", field="inputs")
+        raise GraphFormatError(
+            f"tensor slot {min(both)} is both a graph input and a constant", field="inputs"
+        )
     if g.metadata is not None:
         _layers(g.metadata.layers or ())
     if not g.chains:
-        raise GraphFormatError("the graph has no chain (chains[0] is the main chain)", field="chains")
+        raise GraphFormatError(
+            "the graph has no chain (chains[0] is the main chain)", field="chains"
+        )
     tdef = bytearray(nt)
     for slot in inputs | const_slots:
         tdef[slot] = 1
@@ -83,13 +97,18 @@ def check_graph(g, data, deep: bool) -> None:
         if c == 0:
             for o in g.outputs:
                 if not defined[o.tensor]:
-                    raise GraphFormatError(f"output {o.name.decode('utf-8', 'replace')!r} (tensor slot {o.tensor}) "
-                                           "is never defined", field="outputs")
+                    raise GraphFormatError(
+                        f"output {o.name.decode('utf-8', 'replace')!r} (tensor slot {o.tensor}) "
+                        "is never defined",
+                        field="outputs",
+                    )
 
 
 def _slot(v, n, kind, node, field):
     if not 0 <= v < n:
-        raise GraphFormatError(f"{kind} slot {v} out of range (the graph has {n} {kind} slots)", node=node, field=field)
+        raise GraphFormatError(
+            f"{kind} slot {v} out of range (the graph has {n} {kind} slots)", node=node, field=field
+        )
 
 
 def _io(entries, nt, field) -> set:
@@ -97,7 +116,9 @@ def _io(entries, nt, field) -> set:
     for i, e in enumerate(entries):
         _slot(e.tensor, nt, "tensor", None, f"{field}[{i}].tensor")
         if e.name in names:
-            raise GraphFormatError(f"name {e.name.decode('utf-8', 'replace')!r} appears twice", field=f"{field}[{i}]")
+            raise GraphFormatError(
+                f"name {e.name.decode('utf-8', 'replace')!r} appears twice", field=f"{field}[{i}]"
+            )
         names.add(e.name)
         slots.add(e.tensor)
     return slots
@@ -107,7 +128,9 @@ def _layers(layers) -> None:
     seen = set()
     for i, lc in enumerate(layers):
         if lc.layer_id in seen:
-            raise GraphFormatError(f"layer_id {lc.layer_id} appears twice", field=f"metadata.layers[{i}]")
+            raise GraphFormatError(
+                f"layer_id {lc.layer_id} appears twice", field=f"metadata.layers[{i}]"
+            )
         seen.add(lc.layer_id)
         if min(lc.kv_heads, lc.head_dim, lc.v_head_dim) < 1 or lc.sliding_window < 0:
             raise GraphFormatError("cache geometry must be positive", field=f"metadata.layers[{i}]")
@@ -122,21 +145,35 @@ def _constants(g, data, deep) -> set:
         where = f"constants[{i}]"
         _slot(c.tensor, len(shapes), "tensor", None, f"{where}.tensor")
         if c.tensor in slots:
-            raise GraphFormatError(f"tensor slot {c.tensor} is filled by two constants", field=where)
+            raise GraphFormatError(
+                f"tensor slot {c.tensor} is filled by two constants", field=where
+            )
         slots.add(c.tensor)
         t = shapes[c.tensor]
         if t.dtype is None or any(d.symbol != -1 for d in t.shape):
-            raise GraphFormatError(f"constant tensor slot {c.tensor} needs a dtype and a static shape", field=where)
+            raise GraphFormatError(
+                f"constant tensor slot {c.tensor} needs a dtype and a static shape", field=where
+            )
         want = dtype_info(t.dtype).itemsize * math.prod(d.size for d in t.shape)
         if c.length != want:
-            raise GraphFormatError(f"length {c.length} != {want} bytes of its slot's shape and dtype", field=f"{where}.length")
+            raise GraphFormatError(
+                f"length {c.length} != {want} bytes of its slot's shape and dtype",
+                field=f"{where}.length",
+            )
         if c.offset % ALIGNMENT:
-            raise GraphFormatError(f"offset {c.offset} is not {ALIGNMENT}-byte aligned", field=f"{where}.offset")
+            raise GraphFormatError(
+                f"offset {c.offset} is not {ALIGNMENT}-byte aligned", field=f"{where}.offset"
+            )
         if c.offset < seg_start or c.offset + c.length > seg_end:
-            raise GraphFormatError(f"bytes [{c.offset}, {c.offset + c.length}) lie outside the constant segment "
-                                   f"[{seg_start}, {seg_end})", field=f"{where}.offset")
+            raise GraphFormatError(
+                f"bytes [{c.offset}, {c.offset + c.length}) lie outside the constant segment "
+                f"[{seg_start}, {seg_end})",
+                field=f"{where}.offset",
+            )
         if len(c.hash) != 32 or not _HEX.issuperset(c.hash):
-            raise GraphFormatError("hash is not 32 lowercase hex digits (blake2b-128)", field=f"{where}.hash")
+            raise GraphFormatError(
+                "hash is not 32 lowercase hex digits (blake2b-128)", field=f"{where}.hash"
+            )
         # Constants at the same offset share bytes (identical content stored once).
         prev = spans.get(c.offset)
         if prev is None or c.length > prev[0]:
@@ -147,7 +184,9 @@ def _constants(g, data, deep) -> set:
     for offset in sorted(spans):
         length, i = spans[offset]
         if offset < end:
-            raise GraphFormatError(f"bytes overlap constants[{last}]", field=f"constants[{i}].offset")
+            raise GraphFormatError(
+                f"bytes overlap constants[{last}]", field=f"constants[{i}].offset"
+            )
         if length:
             end, last = offset + length, i
     return slots
@@ -187,12 +226,18 @@ def _chain(nodes, tdef, vdef, c) -> bytearray:
                     _slot(s, n, kind, None, f"{fname}[{j}]" if len(how) == 2 else fname)
                     defs[s] = 1
         except GraphFormatError as e:
-            raise GraphFormatError(e.reason, node=where[0], field=f"{where[1]}{name}.{e.field}") from None
+            raise GraphFormatError(
+                e.reason, node=where[0], field=f"{where[1]}{name}.{e.field}"
+            ) from None
     return tdef
 
 
 def _undefined(kind: str, slot: int) -> str:
-    by = "a graph input, a constant or an earlier node" if kind == "tensor" else "a symbol or an earlier node"
+    by = (
+        "a graph input, a constant or an earlier node"
+        if kind == "tensor"
+        else "a symbol or an earlier node"
+    )
     return f"{kind} slot {slot} is read before anything defines it ({by})"
 
 

@@ -67,7 +67,9 @@ class Walker:
     def _follow(self, p: int) -> int:
         off = _U32(self.data, p)[0]
         if off == 0 or off >= 1 << 31 or p + off >= self.end:
-            raise Bad(f"offset {off} at byte {p} points outside the FlatBuffer part ({self.end} bytes)")
+            raise Bad(
+                f"offset {off} at byte {p} points outside the FlatBuffer part ({self.end} bytes)"
+            )
         return p + off
 
     def _vector(self, p: int, esize: int, ealign: int) -> tuple:
@@ -78,7 +80,10 @@ class Walker:
             raise Bad(f"vector at byte {v} runs past the FlatBuffer part")
         n = _U32(self.data, v)[0]
         if n * esize > self.end - v - 4:
-            raise Bad(f"vector at byte {v} claims {n} elements, more than the {self.end - v - 4} bytes left hold")
+            raise Bad(
+                f"vector at byte {v} claims {n} elements, more than the {self.end - v - 4} bytes "
+                "left hold"
+            )
         if (v + 4) % ealign:
             raise Bad(f"vector elements at byte {v + 4} are not {ealign}-byte aligned")
         self._spend(1)
@@ -95,7 +100,10 @@ class Walker:
             raise Bad(f"string at byte {s} is misaligned or runs past the FlatBuffer part")
         n = _U32(self.data, s)[0]
         if n >= self.end - s - 4:
-            raise Bad(f"string at byte {s} claims {n} bytes, more than the {self.end - s - 4} bytes left hold")
+            raise Bad(
+                f"string at byte {s} claims {n} bytes, more than the {self.end - s - 4} bytes "
+                "left hold"
+            )
         if self.data[s + 4 + n] != 0:
             raise Bad(f"string at byte {s} is not NUL-terminated")
         self._spend(1)
@@ -105,15 +113,21 @@ class Walker:
         """Check a table's soffset, vtable and size; returns (table size, vtable entries)."""
         data, end = self.data, self.end
         if pos & 3 or pos + 4 > end:
-            raise Bad(f"{plan.name} table at byte {pos} is misaligned or runs past the FlatBuffer part")
+            raise Bad(
+                f"{plan.name} table at byte {pos} is misaligned or runs past the FlatBuffer part"
+            )
         vt = pos - _I32(data, pos)[0]
         if vt < 0 or vt & 1 or vt + 4 > end:
-            raise Bad(f"{plan.name} table at byte {pos}: vtable at {vt} is misaligned or out of bounds")
+            raise Bad(
+                f"{plan.name} table at byte {pos}: vtable at {vt} is misaligned or out of bounds"
+            )
         vtsize, tsize = _HH(data, vt)
         if vtsize < 4 or vtsize & 1 or vt + vtsize > end:
             raise Bad(f"{plan.name} table at byte {pos}: vtable size {vtsize} is invalid")
         if tsize < 4 or pos + tsize > end:
-            raise Bad(f"{plan.name} table at byte {pos}: size {tsize} runs past the FlatBuffer part")
+            raise Bad(
+                f"{plan.name} table at byte {pos}: size {tsize} runs past the FlatBuffer part"
+            )
         # Entries past the schema's fields belong to a newer minor version: not read.
         return tsize, plan.vt_unpack[min(vtsize >> 1, plan.entries)](data, vt)
 
@@ -132,7 +146,10 @@ class Walker:
             out[f.name] = default
             if fo:
                 if fo < 4 or fo + f.size > tsize or (pos + fo) % f.align:
-                    e = Bad(f"field at table offset {fo} is misaligned or outside its {tsize}-byte table")
+                    e = Bad(
+                        f"field at table offset {fo} is misaligned or outside its {tsize}-byte "
+                        "table"
+                    )
                     e.parts.append(f.name)
                     raise e
                 out[f.name] = f.unpack(self.data, pos + fo)[0]
@@ -191,7 +208,9 @@ class Walker:
             code = _U8(self.data, pos + to)[0]
         if code == 0 or not fo:
             if f.required:
-                raise Bad("required field is missing" if code == 0 else "union type set but value missing")
+                raise Bad(
+                    "required field is missing" if code == 0 else "union type set but value missing"
+                )
             return None
         members, what = f.sub
         sub = members.get(code)

@@ -5,6 +5,7 @@ wants a real model folder on disk. The configs are small (2-3 layers, hidden 64,
 byte vocabulary) so exporting one takes a few seconds.
 """
 
+import json
 import os
 
 import pytest
@@ -17,11 +18,18 @@ TINY_ARCHS = {
     "llama": ("llama", {"num_hidden_layers": 2}),
     "qwen2": ("qwen2", {"num_hidden_layers": 2, "tie_word_embeddings": True}),
     "mistral": ("mistral", {"num_hidden_layers": 2, "sliding_window": 8}),
-    "gemma3": ("gemma3_text", {
-        "num_hidden_layers": 3, "head_dim": 32, "num_key_value_heads": 1, "query_pre_attn_scalar": 32,
-        "sliding_window": 8, "tie_word_embeddings": True,
-        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-    }),
+    "gemma3": (
+        "gemma3_text",
+        {
+            "num_hidden_layers": 3,
+            "head_dim": 32,
+            "num_key_value_heads": 1,
+            "query_pre_attn_scalar": 32,
+            "sliding_window": 8,
+            "tie_word_embeddings": True,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        },
+    ),
     "phi3": ("phi3", {"num_hidden_layers": 2, "num_key_value_heads": 4}),
 }
 _SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4}
@@ -49,3 +57,22 @@ def tiny_hf_folder(tmp_path_factory):
         return cache[arch]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def hf_folder(tmp_path_factory):
+    """A byte-level BPE tokenizer.json trained here (the tokenizers library, no torch)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    folder = tmp_path_factory.mktemp("hf_tok")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(
+        ["once upon a time there was a tiny model"] * 20 + ["héllo wörld ✓"] * 5, trainer
+    )
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True}))
+    return folder

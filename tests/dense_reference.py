@@ -28,7 +28,9 @@ class History:
         self.keys, self.values = self.keys[:, :, :keep], self.values[:, :, :keep]
 
 
-def dense_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, window: int, scale: float) -> np.ndarray:
+def dense_attention(
+    q: np.ndarray, keys: np.ndarray, values: np.ndarray, window: int, scale: float
+) -> np.ndarray:
     """Attention of the last ``T`` positions over the whole history, in float64.
 
     Args:

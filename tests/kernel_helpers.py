@@ -114,7 +114,8 @@ def to_mx(t):
 
 
 def check(got, want, family="exact", dtype=None):
-    """got (mx) equals want (torch) in shape, float dtype and value within the family's tolerance."""
+    """got (mx) equals want (torch) in shape, float dtype and value (within the family's
+    tolerance)."""
     want = want if isinstance(want, torch.Tensor) else torch.tensor(want)
     assert tuple(got.shape) == tuple(want.shape), (got.shape, want.shape)
     if want.dtype.is_floating_point:

@@ -16,7 +16,9 @@ def export_module(module, max_t=16):
     """torch.export a (tokens, positions) module with a dynamic length, decomposed."""
     seq = torch.export.Dim("T", min=1, max=max_t)
     args = (torch.zeros(1, 3, dtype=torch.int32), torch.arange(3, dtype=torch.int32))
-    ep = torch.export.export(module, args, dynamic_shapes={"tokens": {1: seq}, "positions": {0: seq}})
+    ep = torch.export.export(
+        module, args, dynamic_shapes={"tokens": {1: seq}, "positions": {0: seq}}
+    )
     return decompose(ep)
 
 
@@ -38,6 +40,8 @@ def check_runs_like_torch(module, path, lengths=(1, 2, 5, 16), tol=1e-5):
         positions = torch.arange(t, dtype=torch.int32)
         with torch.no_grad():
             want = module(tokens, positions).float().numpy()
-        got = np.array(program.session().step(mx.array(tokens.numpy()), list(range(t))).astype(mx.float32))
+        got = np.array(
+            program.session().step(mx.array(tokens.numpy()), list(range(t))).astype(mx.float32)
+        )
         assert got.shape == want.shape, f"T={t}"
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"T={t}")

@@ -35,7 +35,9 @@ def build_sample(seed: int = 0, vocab: int = VOCAB) -> GraphWriter:
     positions = w.add_tensor("positions", "int32", ("T",))
     w.add_input("tokens", tok)
     w.add_input("positions", positions)
-    embed = w.add_constant("model.embed.weight", rng.standard_normal((vocab, HIDDEN)).astype(np.float32))
+    embed = w.add_constant(
+        "model.embed.weight", rng.standard_normal((vocab, HIDDEN)).astype(np.float32)
+    )
     norm = w.add_constant("model.norm.weight", np.ones(HIDDEN, np.float16))
     wq = w.add_constant("q.weight", rng.standard_normal((HEADS * D, HIDDEN)).astype(np.float32))
     wk = w.add_constant("k.weight", rng.standard_normal((KV_HEADS * D, HIDDEN)).astype(np.float32))
@@ -51,28 +53,64 @@ def build_sample(seed: int = 0, vocab: int = VOCAB) -> GraphWriter:
     pos = t("position", ("T", 1), "int32")
     w.add_node("Unsqueeze", x=positions, out=pos, axis=1)
     x = t("x", (1, "T", HIDDEN))
-    w.add_node("Embedding", p("embedding", "model.embed", "aten.embedding.default"), weight=embed, indices=tok, out=x)
+    w.add_node(
+        "Embedding",
+        p("embedding", "model.embed", "aten.embedding.default"),
+        weight=embed,
+        indices=tok,
+        out=x,
+    )
     h = t("h", (1, "T", HIDDEN))
     w.add_node("RmsNorm", p("rms_norm", "model.norm"), x=x, weight=norm, out=h, eps=1e-6)
     heads = {}
     for name, wt, n in (("q", wq, HEADS), ("k", wk, KV_HEADS), ("v", wv, KV_HEADS)):
         lin = t(f"{name}_lin", (1, "T", n * D))
-        w.add_node("Linear", p(f"{name}_proj", f"model.attn.{name}_proj", "aten.linear.default"), x=h, weight=wt, out=lin)
+        w.add_node(
+            "Linear",
+            p(f"{name}_proj", f"model.attn.{name}_proj", "aten.linear.default"),
+            x=h,
+            weight=wt,
+            out=lin,
+        )
         r = t(f"{name}_4d", (1, "T", n, D))
-        w.add_node("Reshape", x=lin, out=r, shape=[Operand.literal(1), Operand.value(t_val), Operand.literal(n), Operand.literal(D)])
+        w.add_node(
+            "Reshape",
+            x=lin,
+            out=r,
+            shape=[
+                Operand.literal(1),
+                Operand.value(t_val),
+                Operand.literal(n),
+                Operand.literal(D),
+            ],
+        )
         tr = t(f"{name}_heads", (1, n, "T", D))
         w.add_node("Permute", x=r, out=tr, perm=[0, 2, 1, 3])
         heads[name] = tr
     att = t("attn", (1, HEADS, "T", D))
-    w.add_node("UpdateAndAttend", p("attn", "model.attn", "mlxgraph.update_and_attend.default"),
-               q=heads["q"], k=heads["k"], v=heads["v"], position=pos, out=att, layer_id=0, scale=D ** -0.5)
+    w.add_node(
+        "UpdateAndAttend",
+        p("attn", "model.attn", "mlxgraph.update_and_attend.default"),
+        q=heads["q"],
+        k=heads["k"],
+        v=heads["v"],
+        position=pos,
+        out=att,
+        layer_id=0,
+        scale=D**-0.5,
+    )
     att2 = t("attn2", (1, HEADS, "T", D), "float16")
     w.add_node("UpdateAndAttend", q=heads["q"], k=heads["k"], v=heads["v"], position=pos, out=att2,
                layer_id=1, scale=0.5, out_dtype=1)
     back = t("attn_t", (1, "T", HEADS, D))
     w.add_node("Permute", x=att, out=back, perm=[0, 2, 1, 3])
     flat = t("attn_flat", (1, "T", HEADS * D))
-    w.add_node("Reshape", x=back, out=flat, shape=[Operand.literal(1), Operand.value(t_val), Operand.literal(HEADS * D)])
+    w.add_node(
+        "Reshape",
+        x=back,
+        out=flat,
+        shape=[Operand.literal(1), Operand.value(t_val), Operand.literal(HEADS * D)],
+    )
     scaled = t("scaled", (1, "T", HIDDEN))
     w.add_node("Mul", a=Operand.tensor(flat), b=Operand.literal(0.5), out=scaled)
     n_val = w.add_value("n")
@@ -80,7 +118,15 @@ def build_sample(seed: int = 0, vocab: int = VOCAB) -> GraphWriter:
     m_val = w.add_value("m")
     w.add_node("SymArith", op=2, a=Operand.value(n_val), b=Operand.literal(2), out=m_val)  # 2 = mul
     first = t("first", (1, None, HIDDEN))
-    w.add_node("Slice", x=scaled, out=first, axis=1, start=Operand.literal(0), end=Operand.value(m_val), step=1)
+    w.add_node(
+        "Slice",
+        x=scaled,
+        out=first,
+        axis=1,
+        start=Operand.literal(0),
+        end=Operand.value(m_val),
+        step=1,
+    )
     mask = t("mask", (1, "T", HIDDEN), "bool")
     w.add_node("Greater", a=Operand.tensor(scaled), b=Operand.literal(0.0), out=mask)
     gated = t("gated", (1, "T", HIDDEN))
@@ -121,20 +167,35 @@ def expected_records(w: GraphWriter) -> dict:
         "producer": w.producer,
         "symbols": [[n, lo, hi, slot] for n, lo, hi, slot in w.symbols],
         "values": list(w.values),
-        "tensors": [[n, None if c is None else dtype_info(c).name, list(s)] for n, c, s in w.tensors],
+        "tensors": [
+            [n, None if c is None else dtype_info(c).name, list(s)] for n, c, s in w.tensors
+        ],
         "inputs": dict(w.inputs),
         "outputs": dict(w.outputs),
-        "constants": [{"tensor": slot, "hash": digest, "values": np.asarray(d, np.float64).ravel().tolist()}
-                      for slot, d, digest in w.constants],
-        "nodes": [{"op": n.op, "fields": {k: _jsonable(v) for k, v in n.fields.items()},
-                   "provenance": [n.provenance.source, n.provenance.module_path, n.provenance.target]}
-                  for n in w.nodes],
-        "metadata": {"architecture": w.metadata.architecture, "num_layers": w.metadata.num_layers,
-                     "vocab_size": w.metadata.vocab_size, "hidden_size": w.metadata.hidden_size,
-                     "max_context": w.metadata.max_context, "eos_token_ids": list(w.metadata.eos_token_ids),
-                     "bos_token_id": w.metadata.bos_token_id, "tokenizer": w.metadata.tokenizer,
-                     "layers": [list(lc.__dict__.values()) for lc in w.metadata.layers],
-                     "extra": dict(w.metadata.extra)},
+        "constants": [
+            {"tensor": slot, "hash": digest, "values": np.asarray(d, np.float64).ravel().tolist()}
+            for slot, d, digest in w.constants
+        ],
+        "nodes": [
+            {
+                "op": n.op,
+                "fields": {k: _jsonable(v) for k, v in n.fields.items()},
+                "provenance": [n.provenance.source, n.provenance.module_path, n.provenance.target],
+            }
+            for n in w.nodes
+        ],
+        "metadata": {
+            "architecture": w.metadata.architecture,
+            "num_layers": w.metadata.num_layers,
+            "vocab_size": w.metadata.vocab_size,
+            "hidden_size": w.metadata.hidden_size,
+            "max_context": w.metadata.max_context,
+            "eos_token_ids": list(w.metadata.eos_token_ids),
+            "bos_token_id": w.metadata.bos_token_id,
+            "tokenizer": w.metadata.tokenizer,
+            "layers": [list(lc.__dict__.values()) for lc in w.metadata.layers],
+            "extra": dict(w.metadata.extra),
+        },
     }
 
 
@@ -155,7 +216,10 @@ def main(argv) -> int:
     mlxg = GOLDEN / f"format-{format_version()}.mlxg"
     record = GOLDEN / f"format-{format_version()}.json"
     if mlxg.exists() and "--force" not in argv:
-        print(f"{mlxg} exists: a released golden file must not change (--force to overwrite)", file=sys.stderr)
+        print(
+            f"{mlxg} exists: a released golden file must not change (--force to overwrite)",
+            file=sys.stderr,
+        )
         return 1
     GOLDEN.mkdir(exist_ok=True)
     w = build_sample()

@@ -20,7 +20,9 @@ PY = sys.executable
 def _py(code: str, env_extra=None, drop=("MLXGRAPH_BLAS",)) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(env_extra or {})
-    return subprocess.run([PY, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [PY, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 _REPORT = """
@@ -29,7 +31,8 @@ import mlxgraph.interpreter.blas as b
 {setup}
 try:
     info = b.preload_blas()
-    print(json.dumps({{"name": info.name, "path": info.path, "preloaded": info.preloaded, "detail": info.detail}}))
+    print(json.dumps({{"name": info.name, "path": info.path, "preloaded": info.preloaded,
+                      "detail": info.detail}}))
 except b.BlasError as e:
     print(json.dumps({{"error": str(e)}}))
 """
@@ -102,7 +105,8 @@ for (b, m, k, n, ta, tb) in [(1, 1, 257, 129, False, False), (1, 67, 129, 33, Tr
     A = A.transpose(0, 2, 1) if ta else A
     W = W.transpose(0, 2, 1) if tb else W
     got = np.array(A @ W)
-    ref = (a.transpose(0, 2, 1) if ta else a).astype(np.float64) @ (w.transpose(0, 2, 1) if tb else w).astype(np.float64)
+    a64 = (a.transpose(0, 2, 1) if ta else a).astype(np.float64)
+    ref = a64 @ (w.transpose(0, 2, 1) if tb else w).astype(np.float64)
     worst = max(worst, float(np.max(np.abs(got - ref)) / np.max(np.abs(ref))))
 print("WORST", worst, info.path)
 """

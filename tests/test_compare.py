@@ -16,7 +16,9 @@ PROMPT = "5,9,12,7"
 
 
 def compare(capsys, a, b, *extra):
-    code = main(["compare", str(a), str(b), "--prompt-ids", PROMPT, "--steps", "3", "--json", *extra])
+    code = main(
+        ["compare", str(a), str(b), "--prompt-ids", PROMPT, "--steps", "3", "--json", *extra]
+    )
     out, err = capsys.readouterr()
     assert err == ""
     return code, json.loads(out)
@@ -70,7 +72,7 @@ def test_same_graph_no_divergence(capsys, graphs):
     assert code == 0 and doc["diverged"] is False and doc["first_divergent"] is None
     assert doc["format_version"] == {"a": "1.0", "b": "1.0"}
     assert doc["aligned"] == len(doc["nodes"]) and doc["unmatched"] == {"a": [], "b": []}
-    assert all(n["max_abs"] == 0 for n in doc["nodes"])          # a renumbering computes the same bits
+    assert all(n["max_abs"] == 0 for n in doc["nodes"])  # a renumbering computes the same bits
     assert doc["tokens"]["a"] == doc["tokens"]["b"] and len(doc["tokens"]["a"]) == 4
 
 
@@ -88,7 +90,10 @@ def test_wrong_constant_caught_at_its_first_user(capsys, graphs):
     assert all(n["max_abs"] == 0 for n in doc["nodes"] if n["a"] < first_user)
     code = main(["compare", str(p["a"]), str(bad), "--prompt-ids", PROMPT, "--steps", "1"])
     text = capsys.readouterr()[0]
-    assert code == 1 and f"FIRST DIVERGENT NODE: a{first_user} (b{first_user}) Linear at step 0" in text
+    assert (
+        code == 1
+        and f"FIRST DIVERGENT NODE: a{first_user} (b{first_user}) Linear at step 0" in text
+    )
     assert "module model.layers.1.mlp.up_proj" in text
 
 
@@ -100,7 +105,12 @@ def test_float16_within_default_tolerance_and_first_divergence_at_tight_toleranc
     code, doc = compare(capsys, p["a"], p["half"], "--rtol", "1e-4")
     assert code == 1
     f = doc["first_divergent"]
-    assert (f["op"], f["step"], f["dtype_a"], f["dtype_b"]) == ("Embedding", 0, "float32", "float16")
+    assert (f["op"], f["step"], f["dtype_a"], f["dtype_b"]) == (
+        "Embedding",
+        0,
+        "float32",
+        "float16",
+    )
     # oracle: the float16 rounding of the embedding rows the prompt selects
     ids = [int(t) for t in PROMPT.split(",")]
     ga, gb = open_graph(p["a"]), open_graph(p["half"])
@@ -138,18 +148,26 @@ def exported(tmp_path_factory):
 def test_exported_float32_vs_float16_names_first_divergent_node(capsys, exported):
     paths, _ = exported
     code, doc = compare(capsys, paths["float32"], paths["float16"])
-    assert doc["unmatched"]["a"] == [] and len(doc["unmatched"]["b"]) > 0   # the float16 export's casts
+    assert (
+        doc["unmatched"]["a"] == [] and len(doc["unmatched"]["b"]) > 0
+    )  # the float16 export's casts
     # The seeded export's float16 attention exceeds the float16 tolerance (sharp softmax
     # scores amplify the rounding, docs/json-output.md): the report says where and by how much.
     assert code == 1 and doc["diverged"]
     f = doc["first_divergent"]
     assert f["op"] == "UpdateAndAttend" and f["max_rel"] > f["tolerance"] == 1e-2
-    assert f["provenance"]["module_path"].startswith("model.layers.") and (f["dtype_a"], f["dtype_b"]) == (
-        "float32", "float16")
+    assert f["provenance"]["module_path"].startswith("model.layers.") and (
+        f["dtype_a"],
+        f["dtype_b"],
+    ) == ("float32", "float16")
     code, doc = compare(capsys, paths["float32"], paths["float16"], "--rtol", "1e-4")
     assert code == 1
     f = doc["first_divergent"]
-    assert (f["op"], f["step"], f["provenance"]["module_path"]) == ("Embedding", 0, "model.embed_tokens")
+    assert (f["op"], f["step"], f["provenance"]["module_path"]) == (
+        "Embedding",
+        0,
+        "model.embed_tokens",
+    )
     assert 1e-4 < f["max_rel"] < 2.0 ** -11
 
 

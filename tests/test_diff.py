@@ -43,7 +43,9 @@ def test_self_diff_is_empty(capsys, base):
     code, doc = diff_json(capsys, a, a)
     assert code == 0 and doc["same"] is True
     assert doc["format_version"] == {"a": "1.0", "b": "1.0"} and doc["json_version"] == 1
-    assert doc["nodes"] == doc["constants"] == doc["metadata"] == doc["inputs"] == doc["outputs"] == []
+    assert (
+        doc["nodes"] == doc["constants"] == doc["metadata"] == doc["inputs"] == doc["outputs"] == []
+    )
     assert doc["summary"]["aligned"] == doc["files"]["a"]["nodes"]
 
 
@@ -60,11 +62,22 @@ def test_renumbered_slots_are_no_difference(capsys, base):
 def test_one_inserted_node_is_exactly_one_insertion(capsys, tmp_path):
     a, b = tmp_path / "a.mlxg", tmp_path / "b.mlxg"
     synthetic.llama(layers=3, decomposed=True).write(a)
-    synthetic.llama(layers=3, decomposed=True, insert_extra=True).write(b, order_seed=5)  # renumbered too
+    synthetic.llama(layers=3, decomposed=True, insert_extra=True).write(
+        b, order_seed=5
+    )  # renumbered too
     code, doc = diff_json(capsys, a, b)
     assert code == 1
-    assert doc["summary"] | {"aligned": 0} == {"inserted": 1, "deleted": 0, "changed": 0, "metadata": 0, "inputs": 0,
-                                              "outputs": 0, "constants": 0, "aligned": 0, "dtype_only": 0}
+    assert doc["summary"] | {"aligned": 0} == {
+        "inserted": 1,
+        "deleted": 0,
+        "changed": 0,
+        "metadata": 0,
+        "inputs": 0,
+        "outputs": 0,
+        "constants": 0,
+        "aligned": 0,
+        "dtype_only": 0,
+    }
     [node] = doc["nodes"]
     assert node["change"] == "inserted" and node["op"] == "Mul" and "extra_mul" in node["text"]
     assert open_graph(b).nodes[node["b"]].provenance.source == "extra_mul"
@@ -81,7 +94,9 @@ def test_changed_attribute_literal_and_wiring(capsys, base):
     k = node_index(s2, "l1_attend")
     op, prov, fields = s2.nodes[k]
     s2.nodes[k] = (op, prov, {**fields, "scale": 0.5})
-    k2 = next(k for k, (op, prov, f) in enumerate(s2.nodes) if op == "Add" and prov.source == "l2_in_norm")
+    k2 = next(
+        k for k, (op, prov, f) in enumerate(s2.nodes) if op == "Add" and prov.source == "l2_in_norm"
+    )
     op, prov, fields = s2.nodes[k2]
     s2.nodes[k2] = (op, prov, {**fields, "b": 1e-6})                 # eps literal
     k3 = node_index(s2, "lm_head")
@@ -94,7 +109,10 @@ def test_changed_attribute_literal_and_wiring(capsys, base):
     s2.write(b, order_seed=2)
     code, doc = diff_json(capsys, a, b)
     assert code == 1
-    assert doc["summary"]["changed"] == 3 and doc["summary"]["inserted"] == doc["summary"]["deleted"] == 0
+    assert (
+        doc["summary"]["changed"] == 3
+        and doc["summary"]["inserted"] == doc["summary"]["deleted"] == 0
+    )
     changes = {n["a"]: n["fields"] for n in doc["nodes"]}
     assert changes[k] == [{"field": "scale", "a": 0.35355338, "b": 0.5}]
     assert changes[k2] == [{"field": "b", "a": 1e-5, "b": 1e-6}]
@@ -138,8 +156,14 @@ def test_metadata_and_io_differences(capsys, base):
     s2.write(b)
     code, doc = diff_json(capsys, a, b)
     assert code == 1 and doc["nodes"] == [] and doc["constants"] == []
-    assert doc["metadata"] == [{"field": "max_context", "a": 256, "b": 512}, {"field": "extra[note]", "a": None, "b": "x"}]
-    assert [(o["name"], o["change"]) for o in doc["outputs"]] == [("logits", "removed"), ("scores", "added")]
+    assert doc["metadata"] == [
+        {"field": "max_context", "a": 256, "b": 512},
+        {"field": "extra[note]", "a": None, "b": "x"},
+    ]
+    assert [(o["name"], o["change"]) for o in doc["outputs"]] == [
+        ("logits", "removed"),
+        ("scores", "added"),
+    ]
 
 
 def test_alignment_is_fast_on_thousands_of_nodes(tmp_path):
@@ -156,7 +180,9 @@ def test_alignment_is_fast_on_thousands_of_nodes(tmp_path):
     t0 = time.perf_counter()
     doc = diff_graphs(ga, gb)
     elapsed = time.perf_counter() - t0
-    assert [n["change"] for n in doc["nodes"]] == ["inserted"] and doc["summary"]["aligned"] == len(ga.nodes)
+    assert [n["change"] for n in doc["nodes"]] == ["inserted"] and doc["summary"]["aligned"] == len(
+        ga.nodes
+    )
     assert elapsed < 2.0, elapsed  # a quadratic alignment takes far longer at this size
 
 
@@ -183,13 +209,21 @@ def test_float32_vs_float16_export_is_dtypes_and_constants_only(capsys, exported
         assert n["op"] == "Cast" if n["change"] == "inserted" else all(
             f["field"].endswith("dtype") for f in n["fields"]), n
     assert doc["inputs"] == []
-    assert [(o["name"], o["fields"]) for o in doc["outputs"]] == [("logits", [{"field": "dtype", "a": "float32", "b": "float16"}])]
-    assert all(m["a"] == "float32" and m["b"] == "float16" for m in doc["metadata"]), doc["metadata"]
+    assert [(o["name"], o["fields"]) for o in doc["outputs"]] == [
+        ("logits", [{"field": "dtype", "a": "float32", "b": "float16"}])
+    ]
+    assert all(m["a"] == "float32" and m["b"] == "float16" for m in doc["metadata"]), doc[
+        "metadata"
+    ]
     # every constant changed dtype, kept its name and shape, and moved by float16 rounding only
     ga, gb = open_graph(a), open_graph(b)
     assert len(doc["constants"]) == len(ga.constants)
     for c in doc["constants"]:
-        assert c["change"] == "changed" and c["a"]["name"] == c["b"]["name"] and c["a"]["shape"] == c["b"]["shape"]
+        assert (
+            c["change"] == "changed"
+            and c["a"]["name"] == c["b"]["name"]
+            and c["a"]["shape"] == c["b"]["shape"]
+        )
         assert (c["a"]["dtype"], c["b"]["dtype"]) == ("float32", "float16")
         x = ga.constant_array(c["a"]["index"]).astype(np.float64)
         y = gb.constant_array(c["b"]["index"]).astype(np.float64)

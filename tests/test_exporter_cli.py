@@ -29,7 +29,12 @@ def _greedy_hf(model, prompt, n):
     cache, out, x, pos = DynamicCache(config=model.config), [], torch.tensor([prompt]), 0
     with torch.no_grad():
         for _ in range(n):
-            logits = model(x, cache=cache, use_cache=True, position_ids=torch.arange(pos, pos + x.shape[1])[None]).logits
+            logits = model(
+                x,
+                cache=cache,
+                use_cache=True,
+                position_ids=torch.arange(pos, pos + x.shape[1])[None],
+            ).logits
             pos += x.shape[1]
             out.append(int(logits[0, -1].argmax()))
             x = torch.tensor([[out[-1]]])
@@ -54,10 +59,19 @@ def test_cli_exports_a_builtin_that_generates_like_hf(tmp_path, capsys):
     path = tmp_path / "tiny.mlxg"
     assert main(["export", "tiny-llama", "-o", str(path), "--max-seq-len", "32", "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
-    assert stats["format_version"] and stats["nodes"] > 0 and stats["file_bytes"] == path.stat().st_size
+    assert (
+        stats["format_version"]
+        and stats["nodes"] > 0
+        and stats["file_bytes"] == path.stat().st_size
+    )
     assert stats["ops"]["UpdateAndAttend"] == 4
     meta = open_graph(path).metadata
-    assert (meta.tokenizer, meta.bos_token_id, meta.eos_token_ids, meta.max_context) == ("byte", BYTE_BOS, (BYTE_EOS,), 32)
+    assert (meta.tokenizer, meta.bos_token_id, meta.eos_token_ids, meta.max_context) == (
+        "byte",
+        BYTE_BOS,
+        (BYTE_EOS,),
+        32,
+    )
     prompt = [BYTE_BOS, *b"Hi there"]
     want = _greedy_hf(builtin_model("tiny-llama"), prompt, 12)
     session = mlxgraph.load(path).session()
@@ -71,13 +85,29 @@ def test_cli_exports_a_builtin_that_generates_like_hf(tmp_path, capsys):
 
 def test_cli_summary_and_reduced_precision(tmp_path, capsys, tiny_hf_folder):
     path = tmp_path / "bf16.mlxg"
-    assert main(["export", str(tiny_hf_folder("qwen2")), "-o", str(path), "--dtype", "bfloat16", "--max-seq-len", "16"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                str(tiny_hf_folder("qwen2")),
+                "-o",
+                str(path),
+                "--dtype",
+                "bfloat16",
+                "--max-seq-len",
+                "16",
+            ]
+        )
+        == 0
+    )
     out, err = capsys.readouterr()
     assert out.startswith(f"wrote {path} (") and "nodes      " in out and "max T      16" in out
     for step in ("loading", "torch.export", "decompositions", "lowering", "writing"):
         assert step in err
     graph = open_graph(path)
-    weights = [graph.tensors[c.tensor] for c in graph.constants if len(graph.tensors[c.tensor].shape) == 2]
+    weights = [
+        graph.tensors[c.tensor] for c in graph.constants if len(graph.tensors[c.tensor].shape) == 2
+    ]
     assert {t.dtype for t in weights} == {"bfloat16"}   # (RoPE's inv_freq stays float32, as in HF)
     tokens = torch.randint(4, 256, (1, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -140,23 +170,45 @@ def test_checkpoint_lacking_a_weight_is_refused(tmp_path, capsys, tiny_hf_folder
 
 def test_model_whose_attention_cannot_be_replaced_is_refused(tmp_path):
     # Falcon computes attention itself instead of through transformers' AttentionInterface.
-    model = build_model(make_config("falcon", num_hidden_layers=1, num_attention_heads=4, num_kv_heads=4,
-                                    new_decoder_architecture=True))
+    model = build_model(
+        make_config(
+            "falcon",
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_kv_heads=4,
+            new_decoder_architecture=True,
+        )
+    )
     with pytest.raises(AdapterError, match="no attention layer called the mlxgraph attention"):
         export(model, tmp_path / "falcon.mlxg", max_seq_len=16)
 
 
 def test_layer_norm_decoder_in_float16(tmp_path):
     """Phi-2's family: LayerNorm, partial rotary, tanh GELU and biases, exported in float16."""
-    config = make_config("phi", num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                         num_key_value_heads=4, partial_rotary_factor=0.5)
+    config = make_config(
+        "phi",
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        partial_rotary_factor=0.5,
+    )
     tokens = torch.randint(4, 256, (1, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = build_model(config).float()(tokens).logits[0].numpy()
     stats = export(build_model(config), tmp_path / "phi.mlxg", dtype="float16", max_seq_len=16)
-    assert stats["ops"]["UpdateAndAttend"] == 2 and stats["ops"]["LayerNorm"] == 3  # 1 a layer + final
-    got = mlxgraph.load(tmp_path / "phi.mlxg").session().step(mx.array(tokens.numpy().astype(np.int32)), range(9))
+    assert (
+        stats["ops"]["UpdateAndAttend"] == 2 and stats["ops"]["LayerNorm"] == 3
+    )  # 1 a layer + final
+    got = (
+        mlxgraph.load(tmp_path / "phi.mlxg")
+        .session()
+        .step(mx.array(tokens.numpy().astype(np.int32)), range(9))
+    )
     assert got.dtype == mx.float16
     got = np.array(got.astype(mx.float32))[0]
-    assert np.abs(got - want).max() < 0.01 * np.abs(want).max()   # float16: HF's own is ~2e-3 off float32
+    assert (
+        np.abs(got - want).max() < 0.01 * np.abs(want).max()
+    )  # float16: HF's own is ~2e-3 off float32
     assert (got.argmax(-1) == want.argmax(-1)).all()

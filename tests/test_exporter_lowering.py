@@ -29,14 +29,23 @@ class Zoo(nn.Module):
         p = positions.float()[None, :, None]                           # [1, T, 1]
         a, b = self.proj2(x).split([D, D], dim=-1)
         feats = [
-            self.proj(x), torch.nn.functional.silu(a) * b,
-            torch.where(x > 0, x, 0.1 * x), torch.softmax(x, dim=-1), torch.log_softmax(x, dim=-1),
-            torch.nn.functional.gelu(x, approximate="tanh"), torch.nn.functional.gelu(x),
-            torch.sigmoid(x) + torch.tanh(x) - torch.exp(-x.abs()), torch.clamp(x, -0.5, 0.5),
-            torch.relu(x) / (1 + p), (x @ self.mat).transpose(1, 2).transpose(1, 2),
-            torch.cat([x[..., -3:], x[..., :-3]], dim=-1), torch.cos(p) * torch.sin(x),
-            x.amax(-1, keepdim=True).expand(1, x.shape[1], D), x.sum(-1, keepdim=True) + p,
-            torch.remainder(p, 3.0).expand(-1, -1, D), torch.div(p, 2, rounding_mode="floor").expand(-1, -1, D),
+            self.proj(x),
+            torch.nn.functional.silu(a) * b,
+            torch.where(x > 0, x, 0.1 * x),
+            torch.softmax(x, dim=-1),
+            torch.log_softmax(x, dim=-1),
+            torch.nn.functional.gelu(x, approximate="tanh"),
+            torch.nn.functional.gelu(x),
+            torch.sigmoid(x) + torch.tanh(x) - torch.exp(-x.abs()),
+            torch.clamp(x, -0.5, 0.5),
+            torch.relu(x) / (1 + p),
+            (x @ self.mat).transpose(1, 2).transpose(1, 2),
+            torch.cat([x[..., -3:], x[..., :-3]], dim=-1),
+            torch.cos(p) * torch.sin(x),
+            x.amax(-1, keepdim=True).expand(1, x.shape[1], D),
+            x.sum(-1, keepdim=True) + p,
+            torch.remainder(p, 3.0).expand(-1, -1, D),
+            torch.div(p, 2, rounding_mode="floor").expand(-1, -1, D),
             torch.maximum(x, -x) + torch.minimum(x, torch.zeros_like(x)),
             (x[:, -1:] + x).clone().contiguous().detach(),
             torch.ones(1, x.shape[1], D) * torch.arange(x.shape[1]).float()[None, :, None],
@@ -80,7 +89,11 @@ class LayerNorms(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.emb = nn.Embedding(V, D)
-        self.full, self.no_bias, self.plain = nn.LayerNorm(D), nn.LayerNorm(D, bias=False), nn.LayerNorm(D, elementwise_affine=False)
+        self.full, self.no_bias, self.plain = (
+            nn.LayerNorm(D),
+            nn.LayerNorm(D, bias=False),
+            nn.LayerNorm(D, elementwise_affine=False),
+        )
         for p in self.parameters():
             nn.init.normal_(p)  # not the identity init, so weight and bias count
         self.dtype = dtype
@@ -115,7 +128,12 @@ class Flat2D(nn.Module):
 
 def test_linear_on_a_matrix_is_one_linear_node(tmp_path):
     writer = lower_module(Flat2D().eval(), tmp_path / "flat.mlxg")
-    assert [n.op for n in writer.nodes] == ["EmbeddingNode", "SelectNode", "LinearNode", "LinearNode"]
+    assert [n.op for n in writer.nodes] == [
+        "EmbeddingNode",
+        "SelectNode",
+        "LinearNode",
+        "LinearNode",
+    ]
     check_runs_like_torch(Flat2D().eval(), tmp_path / "flat2.mlxg", lengths=(1, 4))
 
 
@@ -150,7 +168,9 @@ def test_a_failing_lowering_is_reported_like_an_unsupported_op(tmp_path, monkeyp
     with pytest.raises(UnsupportedOpsError) as info:
         lower_module(Unsupported(), tmp_path / "bad.mlxg")
     (problem,) = [p for p in info.value.problems if p.target == "aten.cumsum.default"]
-    assert problem.reason == "internal error in its lowering, please report: KeyError: 'no such field'"
+    assert (
+        problem.reason == "internal error in its lowering, please report: KeyError: 'no such field'"
+    )
     assert "test_exporter_lowering.py" in problem.location
 
 

@@ -89,12 +89,22 @@ class Routing(nn.Module):
         picked0 = self.w0[idx].sum(dim=(2, 3))                       # [T, 3, 3, 5] -> [T, 3]
         picked1 = self.w1[:, idx].sum(dim=(0, 3))                    # [5, T, 3, 2] -> [T, 3]
         selected = torch.index_select(self.w1, 1, idx.reshape(-1)).view(5, t, 3, 2).sum(dim=(0, 3))
-        parts = [vals, idx.float(), low.reshape(t, 4), low_idx.reshape(t, 4).float(), picked0, picked1, selected]
+        parts = [
+            vals,
+            idx.float(),
+            low.reshape(t, 4),
+            low_idx.reshape(t, 4).float(),
+            picked0,
+            picked1,
+            selected,
+        ]
         return torch.cat(parts, dim=-1).unsqueeze(0)
 
 
 def test_routing_ops_run_like_torch(tmp_path):
     writer = lower_module(Routing().eval(), tmp_path / "r.mlxg")
     ops = [n.op for n in writer.nodes]
-    assert ops.count("TopKNode") == 2 and "GatherNode" not in ops and ops.count("EmbeddingNode") == 4
+    assert (
+        ops.count("TopKNode") == 2 and "GatherNode" not in ops and ops.count("EmbeddingNode") == 4
+    )
     check_runs_like_torch(Routing().eval(), tmp_path / "r2.mlxg", lengths=(1, 2, 5), tol=1e-5)

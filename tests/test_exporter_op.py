@@ -47,7 +47,9 @@ def test_eager_reference_matches_naive_attention_over_chunks(window):
         ks.append(k)
         vs.append(v)
         kpos += list(range(start, end))
-        want = _naive(q, torch.cat(ks, 2), torch.cat(vs, 2), list(range(start, end)), kpos, 0.3, window)
+        want = _naive(
+            q, torch.cat(ks, 2), torch.cat(vs, 2), list(range(start, end)), kpos, 0.3, window
+        )
         assert out.shape == (1, 6, t, 4)
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
     assert reference_cache.length(5) == 10

@@ -43,7 +43,9 @@ def _small(tmp_path) -> bytes:
     x = w.add_tensor("x", "float32", (1, "T", 3))
     w.add_node("Embedding", weight=emb, indices=tok, out=x)
     y = w.add_tensor("y", "float32", (1, None, 3))
-    w.add_node("Reshape", x=x, out=y, shape=[Operand.literal(1), Operand.value(t), Operand.literal(3)])
+    w.add_node(
+        "Reshape", x=x, out=y, shape=[Operand.literal(1), Operand.value(t), Operand.literal(3)]
+    )
     w.add_output("y", y)
     w.metadata.eos_token_ids = (1,)
     w.write(tmp_path / "small.mlxg")
@@ -138,7 +140,9 @@ def mutate(rng: random.Random, data: bytes, where: dict) -> bytes:
             b = b[:rng.randrange(n)]
         elif kind == 3:                                   # insertion
             i = rng.randrange(n + 1)
-            b[i:i] = bytes(rng.randrange(256) for _ in range(rng.choice((1, 2, 4, 8, rng.randint(1, 64)))))
+            b[i:i] = bytes(
+                rng.randrange(256) for _ in range(rng.choice((1, 2, 4, 8, rng.randint(1, 64))))
+            )
         elif kind == 4:                                   # deletion
             i = rng.randrange(n)
             del b[i:i + rng.choice((1, 2, 4, 8, rng.randint(1, 64)))]
@@ -146,17 +150,31 @@ def mutate(rng: random.Random, data: bytes, where: dict) -> bytes:
             pos = rng.choice(where["vector"])
             if pos + 4 <= n:
                 old = struct.unpack_from("<I", b, pos)[0]
-                struct.pack_into("<I", b, pos, rng.choice((*HUGE, old + 1, old * 1000, n // 4)) % 2**32)
+                struct.pack_into(
+                    "<I", b, pos, rng.choice((*HUGE, old + 1, old * 1000, n // 4)) % 2**32
+                )
         elif kind == 6 and where["offset"]:               # wild uoffset
             pos = rng.choice(where["offset"])
             if pos + 4 <= n:
                 old = struct.unpack_from("<I", b, pos)[0]
                 new = rng.choice((0, 4, old + 4, old - 4, old + 1, n, rng.randrange(2**32), *HUGE))
                 struct.pack_into("<I", b, pos, new % 2**32)
-        elif kind == 7 and where["scalar"]:               # out-of-range scalar (slot, dtype, length)
+        elif kind == 7 and where["scalar"]:  # out-of-range scalar (slot, dtype, length)
             pos, size = rng.choice(where["scalar"])
             if pos + size <= n:
-                value = rng.choice((-1, -2, 0, 1, 7, 99, 127, 2**(8 * size - 1) - 1, rng.randrange(2**(8 * size))))
+                value = rng.choice(
+                    (
+                        -1,
+                        -2,
+                        0,
+                        1,
+                        7,
+                        99,
+                        127,
+                        2 ** (8 * size - 1) - 1,
+                        rng.randrange(2 ** (8 * size)),
+                    )
+                )
                 b[pos:pos + size] = (value % 2**(8 * size)).to_bytes(size, "little")
         else:                                             # duplicate a chunk elsewhere
             i, j = rng.randrange(n), rng.randrange(n)
@@ -212,8 +230,12 @@ def run_fuzz(tmp_path, cases: int, seed: int = 20240601) -> dict:
             tracemalloc.stop()
             stats["max_peak_bytes"] = max(stats["max_peak_bytes"], peak)
             if len(data) >= 1024:
-                stats["max_memory_ratio"] = max(stats["max_memory_ratio"], round(peak / len(data), 2))
-            assert peak <= MEMORY_FACTOR * len(data) + MEMORY_SLACK, f"case {case}: {peak} bytes for {len(data)}"
+                stats["max_memory_ratio"] = max(
+                    stats["max_memory_ratio"], round(peak / len(data), 2)
+                )
+            assert peak <= MEMORY_FACTOR * len(data) + MEMORY_SLACK, (
+                f"case {case}: {peak} bytes for {len(data)}"
+            )
         assert elapsed < 1.0, f"case {case} took {elapsed:.2f} s"
         stats["max_seconds"] = max(stats["max_seconds"], elapsed)
         if valid:

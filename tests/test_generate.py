@@ -1,9 +1,8 @@
-"""`mlxgraph generate`: sampling, tokenizers, the pipelined loop, and the command end to end.
+"""`mlxgraph generate`: the pipelined loop and the command end to end (parts: test_sampling).
 
-Oracles: numpy for the samplers' masks and argmax; a naive loop (a fresh session running
-the whole sequence for every token, no cache reuse, no pipelining) for the generation
-loop; transformers' own greedy generation of the built-in tiny-llama for the full path
-export -> graph -> `mlxgraph generate`.
+Oracles: a naive loop (a fresh session running the whole sequence for every token, no
+cache reuse, no pipelining) for the generation loop; transformers' own greedy generation
+of the built-in tiny-llama for the full path export -> graph -> `mlxgraph generate`.
 """
 
 import json
@@ -18,115 +17,12 @@ import pytest
 
 import mlxgraph
 from mlxgraph.tools.generation import GenerationStats, generate
-from mlxgraph.tools.sampling import Sampler, top_k_mask, top_p_mask
+from mlxgraph.tools.sampling import Sampler
 from mlxgraph.tools.synthetic import llama
-from mlxgraph.tools.tokenizer import ByteTokenizer, HFTokenizer, TokenizerError
+from mlxgraph.tools.tokenizer import HFTokenizer
 
 PY = sys.executable
 PROMPT = [1, 7, 42, 99, 5, 200]
-
-
-# ---------------------------------------------------------------------------- sampling
-def _nucleus(logits, p):
-    order = np.argsort(-logits)
-    probs = np.exp(logits[order] - logits.max())
-    probs /= probs.sum()
-    before = np.cumsum(probs) - probs
-    return set(order[before < p].tolist())
-
-
-def test_greedy_is_argmax():
-    logits = np.random.default_rng(0).standard_normal((4, 1000)).astype(np.float32)
-    assert np.array(Sampler()(mx.array(logits))).tolist() == logits.argmax(-1).tolist()
-
-
-def test_masks_match_numpy():
-    logits = np.random.default_rng(1).standard_normal((3, 50)).astype(np.float32)
-    kept = np.isfinite(np.array(top_k_mask(mx.array(logits), 7)))
-    for row, k in zip(logits, kept, strict=True):
-        assert set(np.flatnonzero(k)) == set(np.argsort(-row)[:7])
-    kept = np.isfinite(np.array(top_p_mask(mx.array(logits), 0.6)))
-    for row, k in zip(logits, kept, strict=True):
-        assert set(np.flatnonzero(k)) == _nucleus(row, 0.6)
-    # finite logits keep their values
-    masked = np.array(top_p_mask(mx.array(logits), 0.6))
-    assert np.array_equal(masked[kept], logits[kept])
-
-
-def test_seeded_sampling_is_reproducible():
-    logits = mx.array(np.zeros((1, 64), np.float32))
-
-    def draws(seed):
-        s = Sampler(temperature=1.0, seed=seed)
-        return [s(logits).item() for _ in range(20)]
-
-    assert draws(7) == draws(7)
-    assert draws(7) != draws(8)
-
-
-def test_top_k_and_top_p_restrict_the_support():
-    row = np.random.default_rng(2).standard_normal(40).astype(np.float32) * 2
-    batch = mx.array(np.tile(row, (3000, 1)))
-    got = set(np.array(Sampler(1.0, top_k=4, seed=0)(batch)).tolist())
-    assert got == set(np.argsort(-row)[:4].tolist())
-    got = set(np.array(Sampler(1.0, top_p=0.5, seed=0)(batch)).tolist())
-    assert got == _nucleus(row, 0.5)
-
-
-def test_temperature_sampling_follows_softmax():
-    row = np.array([1.0, 2.0, 0.5, 3.0, 0.0], np.float32)
-    draws = np.array(Sampler(2.0, seed=3)(mx.array(np.tile(row, (20000, 1)))))
-    freq = np.bincount(draws, minlength=5) / draws.size
-    want = np.exp(row / 2) / np.exp(row / 2).sum()
-    assert np.max(np.abs(freq - want)) < 0.015
-
-
-def test_sampler_rejects_bad_settings():
-    for kw in ({"temperature": -1}, {"top_k": -2}, {"top_p": 0.0}, {"top_p": 1.5}):
-        with pytest.raises(ValueError):
-            Sampler(**kw)
-
-
-# ---------------------------------------------------------------------------- tokenizers
-def test_byte_tokenizer_streams_whole_characters():
-    tok = ByteTokenizer(256, bos=2, specials=(3,))
-    text = "héllo ✓ 🙂"
-    ids = tok.encode(text)
-    assert ids == [2] + list(text.encode())
-    dec = tok.stream_decoder()
-    pieces = [dec.add(t) for t in ids + [3]] + [dec.flush()]
-    assert "".join(pieces) == text
-    assert "\ufffd" not in "".join(pieces)
-    with pytest.raises(TokenizerError, match="byte 3"):
-        tok.encode("a\x03b")
-
-
-@pytest.fixture(scope="module")
-def hf_folder(tmp_path_factory):
-    """A byte-level BPE tokenizer.json trained here (the tokenizers library, no torch)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    folder = tmp_path_factory.mktemp("hf_tok")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["once upon a time there was a tiny model"] * 20 + ["héllo wörld ✓"] * 5, trainer)
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True}))
-    return folder
-
-
-def test_hf_tokenizer_stream_matches_decode(hf_folder):
-    tok = HFTokenizer(hf_folder, bos=1)
-    ids = tok.encode("once upon a héllo ✓ time")
-    assert ids[0] == 1  # add_bos_token honoured
-    dec = tok.stream_decoder()
-    streamed = "".join(dec.add(t) for t in ids[1:]) + dec.flush()
-    assert streamed == tok.decode(ids[1:]) == "once upon a héllo ✓ time"
-    with pytest.raises(TokenizerError, match="no tokenizer.json"):
-        HFTokenizer(hf_folder / "missing")
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -186,8 +82,10 @@ def test_loop_stops_at_stop_id(oracle):
 
 def test_loop_sampling_reproducible(oracle):
     program, _ = oracle
-    runs = [list(generate(program.session(), PROMPT, Sampler(0.9, top_k=20, top_p=0.95, seed=5), 10))
-            for _ in range(2)]
+    runs = [
+        list(generate(program.session(), PROMPT, Sampler(0.9, top_k=20, top_p=0.95, seed=5), 10))
+        for _ in range(2)
+    ]
     assert runs[0] == runs[1]
 
 
@@ -209,17 +107,36 @@ def test_cli_json_stops_at_eos(tmp_path, oracle):
     assert doc["token_ids"] == want[:want.index(eos) + 1] and doc["stop_reason"] == "eos"
     assert len(doc["token_ids"]) < 12
     stats = doc["stats"]
-    assert stats["generated_tokens"] == len(doc["token_ids"]) and stats["prompt_tokens"] == len(PROMPT)
+    assert stats["generated_tokens"] == len(doc["token_ids"]) and stats["prompt_tokens"] == len(
+        PROMPT
+    )
     assert stats["prefill_tokens_per_second"] > 0 and stats["peak_memory_bytes"] > 0
     assert stats["blas"]["name"]
-    proc = _cli(graph, "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens", 12, "--json", "--ignore-eos")
+    proc = _cli(
+        graph,
+        "--prompt-ids",
+        ",".join(map(str, PROMPT)),
+        "--max-tokens",
+        12,
+        "--json",
+        "--ignore-eos",
+    )
     assert json.loads(proc.stdout)["token_ids"] == want[:12]
 
 
 def test_cli_stops_when_the_cache_is_full(synthetic, oracle):
     _, want = oracle
     # capacity 8, prompt 6: tokens 1..2 are fed back, token 3 need not be
-    proc = _cli(synthetic, "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens", 12, "--capacity", 8, "--json")
+    proc = _cli(
+        synthetic,
+        "--prompt-ids",
+        ",".join(map(str, PROMPT)),
+        "--max-tokens",
+        12,
+        "--capacity",
+        8,
+        "--json",
+    )
     doc = json.loads(proc.stdout)
     assert doc["token_ids"] == want[:3] and doc["stop_reason"] == "capacity"
 
@@ -229,7 +146,16 @@ def test_cli_streams_text_and_stats(synthetic, oracle):
     proc = _cli(synthetic, "--prompt", "Hi", "--max-tokens", 5, "--temperature", 0.8, "--seed", 1)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("Hi")
-    for key in ("prompt", "prefill", "decode", "tok/s", "peak memory", "BLAS", "seed 1", "stopped: max tokens"):
+    for key in (
+        "prompt",
+        "prefill",
+        "decode",
+        "tok/s",
+        "peak memory",
+        "BLAS",
+        "seed 1",
+        "stopped: max tokens",
+    ):
         assert key in proc.stderr
     again = _cli(synthetic, "--prompt", "Hi", "--max-tokens", 5, "--temperature", 0.8, "--seed", 1)
     assert again.stdout == proc.stdout
@@ -261,7 +187,9 @@ def test_cli_bad_input_exits_2(tmp_path, synthetic, args, message):
     proc = _cli(*args)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("mlxgraph: generate:") and message in lines[0], proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("mlxgraph: generate:") and message in lines[0], (
+        proc.stderr
+    )
 
 
 def test_cli_bad_blas_env_exits_2(synthetic):
@@ -287,8 +215,13 @@ print(json.dumps(out[0, ids.shape[1]:].tolist()))
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny") / "tiny-llama.mlxg"
-    proc = subprocess.run([PY, "-c", textwrap.dedent(_EXPORT_AND_REFERENCE), str(path), "24"],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.run(
+        [PY, "-c", textwrap.dedent(_EXPORT_AND_REFERENCE), str(path), "24"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return path, json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -302,6 +235,8 @@ def test_tiny_llama_matches_transformers_greedy(tiny_llama):
     assert doc["prompt_ids"] == [2] + list(b"Once upon a time")
     assert doc["token_ids"] == reference
     assert doc["stop_reason"] == ("eos" if reference[-1] == 3 else "max_tokens")
-    proc = _cli(path, "--prompt", "Once upon a time", "--max-tokens", 5, "--json", "--prefill-chunk", 4)
+    proc = _cli(
+        path, "--prompt", "Once upon a time", "--max-tokens", 5, "--json", "--prefill-chunk", 4
+    )
     doc = json.loads(proc.stdout)
     assert doc["token_ids"] == reference[:5] and doc["stop_reason"] == "max_tokens"

@@ -43,8 +43,22 @@ def test_flatc_json_dump_shows_the_node_stream(tmp_path, flatc):
     w = build_sample()
     path = tmp_path / "sample.mlxg"
     w.write(path)
-    subprocess.run([flatc, "--json", "--raw-binary", "--strict-json", "-o", str(tmp_path), str(SCHEMA), "--",
-                    str(path)], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            flatc,
+            "--json",
+            "--raw-binary",
+            "--strict-json",
+            "-o",
+            str(tmp_path),
+            str(SCHEMA),
+            "--",
+            str(path),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     doc = json.loads((tmp_path / "sample.json").read_text())
     nodes = doc["chains"][0]["nodes"]
     assert [n["op_type"] for n in nodes] == [n.op for n in w.nodes]

@@ -28,7 +28,11 @@ def test_summary_text(capsys, graphs):
     code, out, err = run_cli(capsys, "inspect", a)
     assert code == 0 and err == ""
     assert re.search(r"^format\s+1\.0\s+producer mlxgraph-synthetic", out, re.M)
-    assert re.search(r"^model\s+llama\s+layers 2\s+hidden 32\s+vocab 64\s+max context 256\s+eos \[63\]", out, re.M)
+    assert re.search(
+        r"^model\s+llama\s+layers 2\s+hidden 32\s+vocab 64\s+max context 256\s+eos \[63\]",
+        out,
+        re.M,
+    )
     assert "layers 0-1: kv_heads 2 head_dim 8 v_head_dim 8 full" in out
     assert "T in [1, 256]" in out
     assert re.search(r"^inputs\s+tokens int32\[1, T\]\s+positions int32\[T\]", out, re.M)
@@ -47,15 +51,28 @@ def test_json_summary(capsys, graphs):
     assert doc["format_version"] == "1.0" and doc["json_version"] == 1
     consts = [t for t in spec.tensors if t[0] == "const"]
     arrays = {name: arr for _, name, arr, _ in consts}
-    assert doc["counts"] == {"tensors": len(spec.tensors), "values": 1, "symbols": 1, "constants": len(consts),
-                             "nodes": len(spec.nodes), "chains": 1}
+    assert doc["counts"] == {
+        "tensors": len(spec.tensors),
+        "values": 1,
+        "symbols": 1,
+        "constants": len(consts),
+        "nodes": len(spec.nodes),
+        "chains": 1,
+    }
     assert doc["ops"] == dict(Counter(op for op, _, _ in spec.nodes))
     total = sum(a.nbytes for a in arrays.values())
     assert doc["constant_bytes"]["total"] == total
     assert doc["constant_bytes"]["by_dtype"] == {"float32": {"count": len(consts), "bytes": total}}
     assert doc["constant_bytes"]["duplicates"] == []
-    assert doc["metadata"]["cache"] == [{"layers": [0, 1], "kv_heads": 2, "head_dim": 8, "v_head_dim": 8, "sliding_window": 0}]
-    assert doc["inputs"][0] == {"name": "tokens", "slot": doc["inputs"][0]["slot"], "dtype": "int32", "shape": [1, "T"]}
+    assert doc["metadata"]["cache"] == [
+        {"layers": [0, 1], "kv_heads": 2, "head_dim": 8, "v_head_dim": 8, "sliding_window": 0}
+    ]
+    assert doc["inputs"][0] == {
+        "name": "tokens",
+        "slot": doc["inputs"][0]["slot"],
+        "dtype": "int32",
+        "shape": [1, "T"],
+    }
     assert "nodes" not in doc and "constants" not in doc
 
 
@@ -67,9 +84,14 @@ def test_nodes_canonical_text(capsys, graphs):
     assert len(lines) == len(spec.nodes)
     assert [ln.split()[1] for ln in lines] == [op for op, _, _ in spec.nodes]
     attend = next(ln for ln in lines if " UpdateAndAttend " in ln)
-    assert re.match(r"^\d+  UpdateAndAttend  q=%\d+:l0_q_rope_y k=%\d+:l0_k_rope_y v=%\d+:l0_v_t position=%\d+:position "
-                    r"-> out=%\d+:l0_attn  layer_id=0 scale=0\.35355338  # model\.layers\.0\.self_attn l0_attend "
-                    r"mlxgraph\.update_and_attend\.default$", attend), attend
+    assert re.match(
+        r"^\d+  UpdateAndAttend  q=%\d+:l0_q_rope_y k=%\d+:l0_k_rope_y v=%\d+:l0_v_t "
+        r"position=%\d+:position "
+        r"-> out=%\d+:l0_attn  layer_id=0 scale=0\.35355338  # model\.layers\.0\.self_attn "
+        r"l0_attend "
+        r"mlxgraph\.update_and_attend\.default$",
+        attend,
+    ), attend
     # stable across runs, and a renumbering changes only the slot numbers
     assert run_cli(capsys, "inspect", a, "--nodes")[1] == out
     other = run_cli(capsys, "inspect", b, "--nodes")[1].split("nodes:\n", 1)[1]
@@ -85,8 +107,16 @@ def test_nodes_and_constants_json(capsys, graphs):
     emb = doc["nodes"][1]
     assert emb["op"] == "Embedding"
     assert emb["inputs"]["weight"]["name"] == "model.embed_tokens.weight"
-    assert emb["inputs"]["indices"] == {"kind": "tensor", "slot": doc["inputs"][0]["slot"], "name": "tokens"}
-    assert emb["provenance"] == {"module_path": "model.embed_tokens", "source": "embedding", "target": "aten.embedding.default"}
+    assert emb["inputs"]["indices"] == {
+        "kind": "tensor",
+        "slot": doc["inputs"][0]["slot"],
+        "name": "tokens",
+    }
+    assert emb["provenance"] == {
+        "module_path": "model.embed_tokens",
+        "source": "embedding",
+        "target": "aten.embedding.default",
+    }
     reshape = next(n for n in doc["nodes"] if n["op"] == "Reshape")
     assert [s.get("value", s.get("name")) for s in reshape["inputs"]["shape"]] == [1, 1, "T", 8]
     arrays = {name: arr for kind, name, arr, _ in spec.tensors if kind == "const"}
@@ -94,7 +124,10 @@ def test_nodes_and_constants_json(capsys, graphs):
     for c in doc["constants"]:
         arr = arrays[c["name"]]
         assert (c["dtype"], c["shape"], c["bytes"]) == (str(arr.dtype), list(arr.shape), arr.nbytes)
-        assert c["hash"] == hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=16).hexdigest()
+        assert (
+            c["hash"]
+            == hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=16).hexdigest()
+        )
 
 
 def test_constants_text_and_duplicates(capsys, tmp_path):
@@ -113,7 +146,9 @@ def test_constants_text_and_duplicates(capsys, tmp_path):
     w.write(path)
     code, text, _ = run_cli(capsys, "inspect", path, "--constants")
     assert code == 0
-    assert re.search(r"^duplicates\s+2x 48 B \(table_a, table_b\)\s+48 B could be shared", text, re.M)
+    assert re.search(
+        r"^duplicates\s+2x 48 B \(table_a, table_b\)\s+48 B could be shared", text, re.M
+    )
     assert "float32 96 B (2)" in text and "float16 24 B (1)" in text
     assert re.search(r"^  1  table_b  float32\[4, 3\]  48  [0-9a-f]{32}$", text, re.M)
     doc = json.loads(run_cli(capsys, "inspect", path, "--json")[1])

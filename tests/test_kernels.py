@@ -84,10 +84,19 @@ def test_rms_norm_matches_hugging_face(hf, dtype):
     # Both orders are checked to within one rounding of x's dtype (MLX and torch may
     # round the float32 rsqrt differently by an ulp).
     check(call("RmsNorm", x=x, weight=w, eps=1e-5), want_llama, "elementwise", dtype)
-    check(call("RmsNorm", x=x, weight=w, eps=1e-6, weight_offset=1.0), want_gemma, "elementwise", dtype)
-    check(call("RmsNorm", x=x, weight=w.astype(F32), eps=1e-5),
-          tw.float() * (tx.float() * torch.rsqrt(tx.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(tx.dtype),
-          "elementwise", dtype)
+    check(
+        call("RmsNorm", x=x, weight=w, eps=1e-6, weight_offset=1.0),
+        want_gemma,
+        "elementwise",
+        dtype,
+    )
+    check(
+        call("RmsNorm", x=x, weight=w.astype(F32), eps=1e-5),
+        tw.float()
+        * (tx.float() * torch.rsqrt(tx.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(tx.dtype),
+        "elementwise",
+        dtype,
+    )
     with torch.no_grad():
         llama.weight.fill_(1.0)
         check(call("RmsNorm", x=x, eps=1e-5), llama(tx), "elementwise", dtype)
@@ -99,9 +108,21 @@ def test_layer_norm_matches_torch(dtype):
     tw, w = rand((64,), dtype, -1, 1)
     tb, b = rand((64,), dtype, -1, 1)
     F = torch.nn.functional
-    check(call("LayerNorm", x=x, weight=w, bias=b, eps=1e-5), F.layer_norm(tx, (64,), tw, tb, 1e-5), "reduce", dtype)
-    check(call("LayerNorm", x=x, weight=w, eps=1e-5), F.layer_norm(tx, (64,), tw, None, 1e-5), "reduce", dtype)
-    check(call("LayerNorm", x=x, eps=1e-6), F.layer_norm(tx, (64,), None, None, 1e-6), "reduce", dtype)
+    check(
+        call("LayerNorm", x=x, weight=w, bias=b, eps=1e-5),
+        F.layer_norm(tx, (64,), tw, tb, 1e-5),
+        "reduce",
+        dtype,
+    )
+    check(
+        call("LayerNorm", x=x, weight=w, eps=1e-5),
+        F.layer_norm(tx, (64,), tw, None, 1e-5),
+        "reduce",
+        dtype,
+    )
+    check(
+        call("LayerNorm", x=x, eps=1e-6), F.layer_norm(tx, (64,), None, None, 1e-6), "reduce", dtype
+    )
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)

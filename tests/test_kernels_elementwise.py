@@ -97,7 +97,10 @@ def test_binary_nan_propagates():
 def test_div_rounding(rounding):
     mode = {0: None, 1: "trunc", 2: "floor"}.get(rounding, rounding)
     ia, ib = torch.tensor([-7, 7, -7, 7, -6, 6, 0, 5]), torch.tensor([2, 2, -2, -2, 3, -3, 4, 5])
-    check(call("Div", a=to_mx(ia), b=to_mx(ib), rounding=rounding), torch.div(ia, ib, rounding_mode=mode))
+    check(
+        call("Div", a=to_mx(ia), b=to_mx(ib), rounding=rounding),
+        torch.div(ia, ib, rounding_mode=mode),
+    )
     check(call("Div", a=to_mx(ia), b=-3, rounding=rounding), torch.div(ia, -3, rounding_mode=mode))
     for dtype in FLOATS:
         ta, a = rand((4, 8), dtype, -9, 9)
@@ -106,12 +109,18 @@ def test_div_rounding(rounding):
               "elementwise", dtype)
     # Quotients just off an integer, where rounding them to half precision first would
     # move the floor (torch floors the float32 quotient): -16 / 0.55078125 = -29.05 -> -30.
-    for dtype, pairs in ((BF16, [(-16.0, 0.55078125), (-15.75, 0.92578125), (-15.5, 1.546875)]),
-                         (F16, [(-16.0, 0.7998046875), (-15.75, 1.0498046875), (-15.5, 1.5498046875)])):
+    for dtype, pairs in (
+        (BF16, [(-16.0, 0.55078125), (-15.75, 0.92578125), (-15.5, 1.546875)]),
+        (F16, [(-16.0, 0.7998046875), (-15.75, 1.0498046875), (-15.5, 1.5498046875)]),
+    ):
         ta = torch.tensor([p[0] for p in pairs], dtype=TORCH_DTYPE[dtype])
         tb = torch.tensor([p[1] for p in pairs], dtype=TORCH_DTYPE[dtype])
-        check(call("Div", a=to_mx(ta), b=to_mx(tb), rounding=rounding), torch.div(ta, tb, rounding_mode=mode),
-              "exact" if mode else "elementwise", dtype)
+        check(
+            call("Div", a=to_mx(ta), b=to_mx(tb), rounding=rounding),
+            torch.div(ta, tb, rounding_mode=mode),
+            "exact" if mode else "elementwise",
+            dtype,
+        )
 
 
 def test_remainder_sign_of_divisor():

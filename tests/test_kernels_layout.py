@@ -103,8 +103,14 @@ def test_full():
     check(call("Full", shape=[2, 3], value=1.5), torch.full((2, 3), 1.5))
     check(call("Full", shape=[2, 3], value=7), torch.full((2, 3), 7))
     check(call("Full", shape=[4], value=True), torch.full((4,), True))
-    check(call("Full", shape=[], value=-math.inf, dtype=BF16), torch.full((), -math.inf, dtype=torch.bfloat16))
-    check(call("Full", shape=[3, 1], value=3.0, dtype=mx.int64), torch.full((3, 1), 3, dtype=torch.int64))
+    check(
+        call("Full", shape=[], value=-math.inf, dtype=BF16),
+        torch.full((), -math.inf, dtype=torch.bfloat16),
+    )
+    check(
+        call("Full", shape=[3, 1], value=3.0, dtype=mx.int64),
+        torch.full((3, 1), 3, dtype=torch.int64),
+    )
     with pytest.raises(TypeError, match="Full: shape\\[1\\]"):
         call("Full", shape=[2, mx.array(3)], value=0.0)
 
@@ -118,9 +124,16 @@ def test_sym_size_and_arith():
         # floordiv and mod against torch's integer semantics (round toward -inf, the sign
         # of the divisor), the rest against Python's.
         ta = torch.tensor(a)
-        want = {SymOp.add: a + b, SymOp.sub: a - b, SymOp.mul: a * b,
-                SymOp.floordiv: int(torch.div(ta, b, rounding_mode="floor")),
-                SymOp.mod: int(torch.remainder(ta, b)), SymOp.min: min(a, b), SymOp.max: max(a, b), SymOp.neg: -a}
+        want = {
+            SymOp.add: a + b,
+            SymOp.sub: a - b,
+            SymOp.mul: a * b,
+            SymOp.floordiv: int(torch.div(ta, b, rounding_mode="floor")),
+            SymOp.mod: int(torch.remainder(ta, b)),
+            SymOp.min: min(a, b),
+            SymOp.max: max(a, b),
+            SymOp.neg: -a,
+        }
         for code, w in want.items():
             assert call("SymArith", op=code, a=a, b=b) == w, (code, a, b)
     assert call("SymArith", op="floordiv", a=-9, b=4) == -3

@@ -88,8 +88,12 @@ def test_addmm(dtype):
             check(call("Addmm", bias=c, a=a, b=b, alpha=alpha, beta=beta),
                   torch.addmm(tc, ta, tb, alpha=alpha, beta=beta), "matmul", dtype)
     nan_bias = mx.full((3,), math.nan, dtype=dtype)
-    check(call("Addmm", bias=nan_bias, a=a, b=b, beta=0.0),
-          torch.addmm(torch.full((3,), math.nan, dtype=ta.dtype), ta, tb, beta=0.0), "matmul", dtype)
+    check(
+        call("Addmm", bias=nan_bias, a=a, b=b, beta=0.0),
+        torch.addmm(torch.full((3,), math.nan, dtype=ta.dtype), ta, tb, beta=0.0),
+        "matmul",
+        dtype,
+    )
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
@@ -114,7 +118,9 @@ def test_gather():
     for axis in (0, 1, 2, -1):
         ishape = [3, 4, 5]
         ishape[axis] = 7
-        idx = torch.randint(0, t.shape[axis], ishape, generator=torch.Generator().manual_seed(axis + 3))
+        idx = torch.randint(
+            0, t.shape[axis], ishape, generator=torch.Generator().manual_seed(axis + 3)
+        )
         check(call("Gather", x=x, indices=to_mx(idx), axis=axis), torch.gather(t, axis, idx))
     with pytest.raises(ValueError, match="rank"):
         call("Gather", x=x, indices=mx.zeros((2, 2), dtype=mx.int64), axis=0)

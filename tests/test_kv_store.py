@@ -223,11 +223,15 @@ def test_attend_gqa_and_value_dim_against_reference(group):
         if window is None:
             scores = np.einsum("bhgtd,bhsd->bhgts", q.reshape(2, 2, group, 3, 16), k) * 0.25
             w = np.exp(scores - scores.max(-1, keepdims=True))
-            ref = np.einsum("bhgts,bhsv->bhgtv", w / w.sum(-1, keepdims=True), v).reshape(2, 2 * group, 3, 24)
+            ref = np.einsum("bhgts,bhsv->bhgtv", w / w.sum(-1, keepdims=True), v).reshape(
+                2, 2 * group, 3, 24
+            )
         else:
             ref = dense_attention(q, k, v, window, 0.25)
         np.testing.assert_allclose(np.array(out.astype(mx.float32)), ref, atol=2e-3, rtol=2e-3)
     with pytest.raises(ValueError, match="multiple"):
         attend(mx.zeros((2, 3, 1, 16)), mx.array(k), mx.array(v), None, 1.0, mx.float32)
     with pytest.raises(ValueError, match="mask shape"):
-        attend(mx.array(q), mx.array(k), mx.array(v), mx.ones((3, 6), dtype=mx.bool_), 1.0, mx.float32)
+        attend(
+            mx.array(q), mx.array(k), mx.array(v), mx.ones((3, 6), dtype=mx.bool_), 1.0, mx.float32
+        )

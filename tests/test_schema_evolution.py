@@ -33,7 +33,9 @@ FLATC = shutil.which("flatc", path=str(Path(sys.executable).parent)) or shutil.w
 def conform(base: Path, new: Path) -> subprocess.CompletedProcess:
     """``flatc --conform base new``: does schema ``new`` keep ``base``'s table layouts?"""
     assert FLATC is not None, "flatc (the dev extra's `flatc` package) is not installed"
-    return subprocess.run([FLATC, "--conform", str(base), str(new)], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [FLATC, "--conform", str(base), str(new)], capture_output=True, text=True, timeout=60
+    )
 
 
 def parse(path: Path):
@@ -56,7 +58,12 @@ def incompatibilities(old, new) -> list:
             g = current_fields.get(f.name)
             if g is None:
                 problems.append(f"{name}.{f.name} removed")
-            elif (f.role, f.type, f.is_vector, f.default) != (g.role, g.type, g.is_vector, g.default):
+            elif (f.role, f.type, f.is_vector, f.default) != (
+                g.role,
+                g.type,
+                g.is_vector,
+                g.default,
+            ):
                 problems.append(f"{name}.{f.name} changed role, type or default")
             elif "required" in g.attributes and "required" not in f.attributes:
                 problems.append(f"{name}.{f.name} became required")
@@ -103,7 +110,9 @@ def test_model_check_catches_what_flatc_misses(tmp_path):
     assert conform(SCHEMA, path).returncode == 0    # flatc alone would let it through
     roles = tmp_path / "roles.fbs"
     roles.write_text(text.replace("q: int = null (in);", "q: int = null (out);", 1))
-    assert incompatibilities(parse(SCHEMA), parse(roles)) == ["UpdateAndAttendNode.q changed role, type or default"]
+    assert incompatibilities(parse(SCHEMA), parse(roles)) == [
+        "UpdateAndAttendNode.q changed role, type or default"
+    ]
 
 
 # ---------------------------------------------------------------- golden files
@@ -112,7 +121,9 @@ def _same(expected, got) -> bool:
         return isinstance(got, Operand) and (got.kind, got.index, got.number) == (
             expected["kind"], expected["index"], expected["number"])
     if isinstance(expected, list):
-        return len(expected) == len(got) and all(_same(e, g) for e, g in zip(expected, got, strict=True))
+        return len(expected) == len(got) and all(
+            _same(e, g) for e, g in zip(expected, got, strict=True)
+        )
     if isinstance(expected, float):       # float attributes may be stored as float32
         return math.isclose(expected, got, rel_tol=1e-6)
     return expected == got
@@ -147,14 +158,35 @@ def test_golden_file_opens_verifies_and_decodes(golden):
         for name, value in w["fields"].items():
             assert _same(value, n.fields[name]), (i, name, value, n.fields[name])
         if n.op == "UpdateAndAttendNode" and "out_dtype" not in w["fields"]:
-            assert n.fields["out_dtype"] is None, i      # null: q's dtype
-        assert [n.provenance.source, n.provenance.module_path, n.provenance.target] == w["provenance"]
+            assert n.fields["out_dtype"] is None, i  # null: q's dtype
+        assert [n.provenance.source, n.provenance.module_path, n.provenance.target] == w[
+            "provenance"
+        ]
     m, wm = g.metadata, want["metadata"]
-    assert [[lc.layer_id, lc.kv_heads, lc.head_dim, lc.v_head_dim, lc.sliding_window] for lc in m.layers] == wm["layers"]
-    assert (m.architecture, m.num_layers, m.vocab_size, m.hidden_size, m.max_context, list(m.eos_token_ids),
-            m.bos_token_id, m.tokenizer, m.extra) == (
-        wm["architecture"], wm["num_layers"], wm["vocab_size"], wm["hidden_size"], wm["max_context"],
-        wm["eos_token_ids"], wm["bos_token_id"], wm["tokenizer"], wm["extra"])
+    assert [
+        [lc.layer_id, lc.kv_heads, lc.head_dim, lc.v_head_dim, lc.sliding_window] for lc in m.layers
+    ] == wm["layers"]
+    assert (
+        m.architecture,
+        m.num_layers,
+        m.vocab_size,
+        m.hidden_size,
+        m.max_context,
+        list(m.eos_token_ids),
+        m.bos_token_id,
+        m.tokenizer,
+        m.extra,
+    ) == (
+        wm["architecture"],
+        wm["num_layers"],
+        wm["vocab_size"],
+        wm["hidden_size"],
+        wm["max_context"],
+        wm["eos_token_ids"],
+        wm["bos_token_id"],
+        wm["tokenizer"],
+        wm["extra"],
+    )
 
 
 @pytest.mark.parametrize("golden", GOLDEN, ids=[p.name for p in GOLDEN])
@@ -164,4 +196,7 @@ def test_golden_file_loads_and_runs(golden):
     program = mlxgraph.load(golden)
     out = program.session(capacity=16).step(np.array([[1, 2, 3]]), [0, 1, 2])
     logits = np.array(out["logits"] if isinstance(out, dict) else out)
-    assert logits.shape == (1, 3, _record(golden)["metadata"]["vocab_size"]) and np.isfinite(logits).all()
+    assert (
+        logits.shape == (1, 3, _record(golden)["metadata"]["vocab_size"])
+        and np.isfinite(logits).all()
+    )

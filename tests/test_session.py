@@ -54,7 +54,9 @@ def test_sliding_window_override_matches_windowed_oracle(tiny):
 def test_attention_layer_without_cache_geometry_is_rejected(tmp_path):
     path = tmp_path / "nometa.mlxg"
     build_tiny_graph(path, record_layers=False)
-    with pytest.raises(GraphFormatError, match=r"node \d+: field layer_id: layer_id 0 has no cache geometry"):
+    with pytest.raises(
+        GraphFormatError, match=r"node \d+: field layer_id: layer_id 0 has no cache geometry"
+    ):
         mlxgraph.load(path)
 
 
@@ -65,10 +67,14 @@ def test_two_sessions_interleaved_equal_each_alone(tiny):
     plans = [[rng.integers(0, VOCAB, int(rng.integers(1, 4))) for _ in range(12)] for _ in range(2)]
 
     def run(session, toks):
-        out = session.step(mx.array(toks[None].astype(np.int32)), range(session.length, session.length + len(toks)))
+        out = session.step(
+            mx.array(toks[None].astype(np.int32)), range(session.length, session.length + len(toks))
+        )
         return np.array(out)
 
-    alone = [[run(s, t) for t in plan] for s, plan in ((program.session(capacity=64), p) for p in plans)]
+    alone = [
+        [run(s, t) for t in plan] for s, plan in ((program.session(capacity=64), p) for p in plans)
+    ]
     a, b = program.session(capacity=64), program.session(capacity=64)
     mixed = [[], []]
     for ta, tb in zip(*plans):
@@ -101,7 +107,10 @@ def test_rejected_steps_leave_the_session_unchanged(tiny):
         session.step(np.array([[1.5]]), [length])
     assert session.length == length
     toks = rng.integers(0, VOCAB, 2)
-    assert close(session.step(mx.array(toks[None].astype(np.int32)), range(length, length + 2)), oracle.step(toks))
+    assert close(
+        session.step(mx.array(toks[None].astype(np.int32)), range(length, length + 2)),
+        oracle.step(toks),
+    )
 
 
 def test_failed_node_names_node_and_keeps_cache(tmp_path):
@@ -120,7 +129,9 @@ def test_cache_geometry_disagreeing_with_the_graph_names_file_and_node(tmp_path)
     path = tmp_path / "badgeo.mlxg"
     build_tiny_graph(path, recorded_kv_heads=1)   # the graph's K/V have 2 heads
     session = mlxgraph.load(path).session(capacity=8)
-    with pytest.raises(CacheError, match=r"badgeo\.mlxg: node \d+ \(UpdateAndAttend\): layer 0 .*expected k"):
+    with pytest.raises(
+        CacheError, match=r"badgeo\.mlxg: node \d+ \(UpdateAndAttend\): layer 0 .*expected k"
+    ):
         session.step(mx.array([[1, 2]], dtype=mx.int32), [0, 1])
     assert session.length == 0
 
@@ -159,8 +170,11 @@ def test_observer_sees_every_node(tiny):
     path, _ = tiny
     program = mlxgraph.load(path)
     seen = []
-    program.session(capacity=8).step(mx.array([[1, 2]], dtype=mx.int32), [0, 1],
-                                     observer=lambda i, rec, outs: seen.append((i, rec.op, outs[0].shape)))
+    program.session(capacity=8).step(
+        mx.array([[1, 2]], dtype=mx.int32),
+        [0, 1],
+        observer=lambda i, rec, outs: seen.append((i, rec.op, outs[0].shape)),
+    )
     assert [s[0] for s in seen] == list(range(len(program.nodes)))
     assert seen[-1][2] == (1, 2, VOCAB)
 
@@ -172,7 +186,8 @@ def test_interpreter_runs_without_torch(tiny):
         "import mlx.core as mx, mlxgraph\n"
         f"s = mlxgraph.load({str(path)!r}).session(capacity=8)\n"
         "out = s.step(mx.array([[1, 2]], dtype=mx.int32), [0, 1]); mx.eval(out)\n"
-        "assert not any(m == 'torch' or m.startswith('torch.') for m in sys.modules if sys.modules[m] is not None)\n"
+        "assert not any(m == 'torch' or m.startswith('torch.') for m in sys.modules if "
+        "sys.modules[m] is not None)\n"
         "print('ok')\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -193,7 +208,9 @@ def test_mixed_policies_reject_overflow_and_stay_usable(tmp_path):
         session.step(mx.zeros((1, 13 - session.length), dtype=mx.int32), range(session.length, 13))
     for _ in range(3):
         toks = rng.integers(0, VOCAB, 1)
-        assert close(session.step(mx.array(toks[None].astype(np.int32)), [session.length]), oracle.step(toks))
+        assert close(
+            session.step(mx.array(toks[None].astype(np.int32)), [session.length]), oracle.step(toks)
+        )
 
 
 def test_package_exports_error_types_without_importing_mlx():
@@ -201,7 +218,8 @@ def test_package_exports_error_types_without_importing_mlx():
         "import sys, mlxgraph\n"
         "assert 'mlx.core' not in sys.modules and 'torch' not in sys.modules\n"
         "from mlxgraph.interpreter.errors import SessionError\n"
-        "assert mlxgraph.SessionError is SessionError and issubclass(mlxgraph.CacheError, ValueError)\n"
+        "assert mlxgraph.SessionError is SessionError and issubclass(mlxgraph.CacheError, "
+        "ValueError)\n"
         "print('ok')\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -19,12 +19,19 @@ def test_good_files_are_valid(tmp_path):
     w, _ = base()
     data = written(w, tmp_path)
     r = verify_report(data, deep=True)
-    assert (r.format_version, r.nodes, r.constants, r.bytes) == (f"{FORMAT_MAJOR}.{FORMAT_MINOR}", 2, 1, len(data))
+    assert (r.format_version, r.nodes, r.constants, r.bytes) == (
+        f"{FORMAT_MAJOR}.{FORMAT_MINOR}",
+        2,
+        1,
+        len(data),
+    )
     sample = written(build_sample(), tmp_path, "sample.mlxg")
     r = verify_report(sample, deep=True)
     assert (r.nodes, r.constants) == (24, 5)
     g = open_graph(tmp_path / "sample.mlxg", deep=True)
-    assert g.nodes[12].fields["out_dtype"] is None and g.nodes[13].fields["out_dtype"] == 1   # null out_dtype is allowed (q's dtype)
+    assert (
+        g.nodes[12].fields["out_dtype"] is None and g.nodes[13].fields["out_dtype"] == 1
+    )  # null out_dtype is allowed (q's dtype)
 
 
 def test_version_peek_and_mmap_input(tmp_path):
@@ -73,7 +80,12 @@ def test_value_slot_read_before_defined(tmp_path):
     w, s = base()
     n = w.add_value("n")
     out = w.add_tensor("r", "float32", (1, None, 8))
-    w.add_node("Reshape", x=s["y"], out=out, shape=[Operand.literal(1), Operand.value(n), Operand.literal(8)])
+    w.add_node(
+        "Reshape",
+        x=s["y"],
+        out=out,
+        shape=[Operand.literal(1), Operand.value(n), Operand.literal(8)],
+    )
     w.add_node("SymSize", x=s["tokens"], axis=1, out=n)
     e = fault(written(w, tmp_path))
     assert (e.node, e.field) == (2, "ReshapeNode.shape[1]") and "value slot 1" in e.reason
@@ -84,7 +96,12 @@ def test_value_out_defines_value_slot(tmp_path):
     n = w.add_value("n")
     w.add_node("SymSize", x=s["tokens"], axis=1, out=n)
     out = w.add_tensor("r", "float32", (1, None, 8))
-    w.add_node("Reshape", x=s["y"], out=out, shape=[Operand.literal(1), Operand.value(n), Operand.literal(8)])
+    w.add_node(
+        "Reshape",
+        x=s["y"],
+        out=out,
+        shape=[Operand.literal(1), Operand.value(n), Operand.literal(8)],
+    )
     verify_buffer(written(w, tmp_path))
 
 
@@ -156,8 +173,10 @@ def test_unknown_op_code(tmp_path):
     assert e.node == 1 and "op code 200 unknown" in e.reason
     newer = patched(bad, field_pos(root(bad), "version_minor"), "H", FORMAT_MINOR + 1)
     e = fault(newer)
-    assert e.reason == (f"op code 200 unknown to this mlxgraph (format {FORMAT_MAJOR}.{FORMAT_MINOR}); the file "
-                        f"was written by format {FORMAT_MAJOR}.{FORMAT_MINOR + 1}: a newer mlxgraph is needed")
+    assert e.reason == (
+        f"op code 200 unknown to this mlxgraph (format {FORMAT_MAJOR}.{FORMAT_MINOR}); the file "
+        f"was written by format {FORMAT_MAJOR}.{FORMAT_MINOR + 1}: a newer mlxgraph is needed"
+    )
 
 
 def test_unknown_dtype_code(tmp_path):
@@ -170,7 +189,9 @@ def test_unknown_dtype_code(tmp_path):
 def test_null_union_type(tmp_path):
     w, _ = base()
     data = written(w, tmp_path)
-    e = fault(patched(data, field_pos(root(data).Chains(0).Nodes(0), "op", union_type=True), "B", 0))
+    e = fault(
+        patched(data, field_pos(root(data).Chains(0).Nodes(0), "op", union_type=True), "B", 0)
+    )
     assert (e.node, e.field) == (0, "op") and "missing" in e.reason
 
 
@@ -180,5 +201,7 @@ def test_errors_through_open_graph_name_the_file(tmp_path):
     w, s = base()
     w.add_node("Silu", x=77, out=s["y"])
     w.write(tmp_path / "bad.mlxg")
-    with pytest.raises(GraphFormatError, match=r"bad\.mlxg: node 2: field SiluNode\.x: tensor slot 77"):
+    with pytest.raises(
+        GraphFormatError, match=r"bad\.mlxg: node 2: field SiluNode\.x: tensor slot 77"
+    ):
         open_graph(tmp_path / "bad.mlxg")

@@ -18,13 +18,20 @@ def test_constant_faults(tmp_path):
         "outside the constant segment": patched(data, field_pos(c1, "offset"), "Q", len(data)),
         "overlap": patched(data, field_pos(c1, "offset"), "Q", off0 + 64),
         "!= 128 bytes": patched(data, field_pos(c1, "length"), "Q", 64),
-        "hex": patched(data, struct.unpack_from("<I", data, field_pos(c1, "hash"))[0] + field_pos(c1, "hash") + 4,
-                       "B", ord("Z")),
+        "hex": patched(
+            data,
+            struct.unpack_from("<I", data, field_pos(c1, "hash"))[0] + field_pos(c1, "hash") + 4,
+            "B",
+            ord("Z"),
+        ),
     }
     for words, bad in cases.items():
         e = fault(bad)
         assert e.field.startswith("constants[") and words in e.reason, (words, e)
-    assert "filled by two constants" in fault(patched(data, field_pos(c1, "tensor"), "i", c0.Tensor())).reason
+    assert (
+        "filled by two constants"
+        in fault(patched(data, field_pos(c1, "tensor"), "i", c0.Tensor())).reason
+    )
 
 
 def test_deep_checks_constant_hashes(tmp_path):
@@ -45,4 +52,7 @@ def test_constants_may_share_an_offset(tmp_path):
     hash_at += struct.unpack_from("<I", shared, hash_at)[0] + 4
     shared = shared[:hash_at] + c0.Hash() + shared[hash_at + 32:]
     verify_buffer(shared, deep=True)
-    assert content_hash(memoryview(shared)[c0.Offset():c0.Offset() + c0.Length()]) == c0.Hash().decode()
+    assert (
+        content_hash(memoryview(shared)[c0.Offset() : c0.Offset() + c0.Length()])
+        == c0.Hash().decode()
+    )

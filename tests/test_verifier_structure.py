@@ -155,20 +155,57 @@ def _layered(layers: int) -> GraphWriter:
         for name in "qkv":
             lin, r, p = t(name), t(name + "r", (1, "T", 2, 4)), t(name + "p", (1, 2, "T", 4))
             w.add_node("Linear", prov, x=h, weight=weight, out=lin)
-            w.add_node("Reshape", prov, x=lin, out=r,
-                       shape=[Operand.literal(1), Operand.value(t_val), Operand.literal(2), Operand.literal(4)])
+            w.add_node(
+                "Reshape",
+                prov,
+                x=lin,
+                out=r,
+                shape=[
+                    Operand.literal(1),
+                    Operand.value(t_val),
+                    Operand.literal(2),
+                    Operand.literal(4),
+                ],
+            )
             w.add_node("Permute", prov, x=r, out=p, perm=[0, 2, 1, 3])
             heads.append(p)
         att = t("att", (1, 2, "T", 4))
-        w.add_node("UpdateAndAttend", prov, q=heads[0], k=heads[1], v=heads[2], position=pos, out=att,
-                   layer_id=layer, scale=0.5)
+        w.add_node(
+            "UpdateAndAttend",
+            prov,
+            q=heads[0],
+            k=heads[1],
+            v=heads[2],
+            position=pos,
+            out=att,
+            layer_id=layer,
+            scale=0.5,
+        )
         prev = att
-        for op in ("Silu", "Neg", "Exp", "Sigmoid", "Tanh", "Abs", "Sqrt", "Rsqrt", "Sin", "Cos", "Log"):
+        for op in (
+            "Silu",
+            "Neg",
+            "Exp",
+            "Sigmoid",
+            "Tanh",
+            "Abs",
+            "Sqrt",
+            "Rsqrt",
+            "Sin",
+            "Cos",
+            "Log",
+        ):
             nxt = t(op.lower(), (1, 2, "T", 4))
             w.add_node(op, prov, x=prev, out=nxt)
             prev = nxt
         b = t("b", (1, "T", 8))
-        w.add_node("Reshape", prov, x=prev, out=b, shape=[Operand.literal(1), Operand.value(t_val), Operand.literal(8)])
+        w.add_node(
+            "Reshape",
+            prov,
+            x=prev,
+            out=b,
+            shape=[Operand.literal(1), Operand.value(t_val), Operand.literal(8)],
+        )
         h2 = t("h2")
         w.add_node("Add", prov, a=Operand.tensor(h), b=Operand.tensor(b), out=h2)
         h = h2

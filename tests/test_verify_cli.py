@@ -1,4 +1,5 @@
-"""`mlxgraph verify`: exit 0 valid, 1 invalid with a one-line reason, 2 unreadable; --deep, --json."""
+"""`mlxgraph verify`: exit 0 valid, 1 invalid with a one-line reason, 2 unreadable; --deep,
+--json."""
 
 import json
 import subprocess
@@ -14,7 +15,9 @@ CLI = str(Path(sys.executable).with_name("mlxgraph"))
 
 
 def _cli(*args):
-    return subprocess.run([CLI, "verify", *map(str, args)], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [CLI, "verify", *map(str, args)], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_valid_invalid_unreadable(tmp_path):
@@ -22,7 +25,9 @@ def test_cli_valid_invalid_unreadable(tmp_path):
     good = tmp_path / "good.mlxg"
     w.write(good)
     r = _cli(good)
-    assert r.returncode == 0 and r.stdout.startswith(f"{good}: valid (format {FORMAT_MAJOR}.{FORMAT_MINOR}, 2 nodes, 1 constants, ")
+    assert r.returncode == 0 and r.stdout.startswith(
+        f"{good}: valid (format {FORMAT_MAJOR}.{FORMAT_MINOR}, 2 nodes, 1 constants, "
+    )
     assert r.stdout.rstrip().endswith(" MB)")
     bad = tmp_path / "bad.mlxg"
     bad.write_bytes(good.read_bytes()[:-100])
@@ -30,7 +35,11 @@ def test_cli_valid_invalid_unreadable(tmp_path):
         r = _cli(*args)
         assert r.returncode == 1 and r.stdout == ""
         lines = r.stderr.splitlines()
-        assert len(lines) == 1 and lines[0].startswith(f"{bad}: invalid: ") and "Traceback" not in r.stderr
+        assert (
+            len(lines) == 1
+            and lines[0].startswith(f"{bad}: invalid: ")
+            and "Traceback" not in r.stderr
+        )
     r = _cli(tmp_path / "missing.mlxg")
     assert r.returncode == 2 and "Traceback" not in r.stderr and "missing.mlxg" in r.stderr
 
@@ -43,9 +52,18 @@ def test_cli_deep_and_json(tmp_path):
     assert _cli(path).returncode == 0
     r = _cli(path, "--deep", "--json")
     doc = json.loads(r.stdout)
-    assert r.returncode == 1 and doc["valid"] is False and doc["format_version"] == f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
+    assert (
+        r.returncode == 1
+        and doc["valid"] is False
+        and doc["format_version"] == f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
+    )
     assert doc["error"]["field"] == "constants[1].hash"
     good = tmp_path / "g.mlxg"
     r = _cli(good, "--json")
     doc = json.loads(r.stdout)
-    assert r.returncode == 0 and doc["valid"] and doc["nodes"] == 3 and doc["format_version"] == f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
+    assert (
+        r.returncode == 0
+        and doc["valid"]
+        and doc["nodes"] == 3
+        and doc["format_version"] == f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
+    )

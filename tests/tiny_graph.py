@@ -51,17 +51,42 @@ def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,), r
     heads = {}
     for name, h in (("q", HQ), ("k", HKV), ("v", HKV)):
         lin = t(f"{name}_lin", (1, "T", h * D))
-        w.add_node("Linear", p(f"{name}_proj", f"model.attn.{name}_proj"), x=x, weight=c[f"w{name}"], out=lin)
+        w.add_node(
+            "Linear",
+            p(f"{name}_proj", f"model.attn.{name}_proj"),
+            x=x,
+            weight=c[f"w{name}"],
+            out=lin,
+        )
         r = t(f"{name}_4d", (1, "T", h, D))
-        w.add_node("Reshape", x=lin, out=r, shape=[Operand.literal(1), Operand.value(t_val), Operand.literal(h), Operand.literal(D)])
+        w.add_node(
+            "Reshape",
+            x=lin,
+            out=r,
+            shape=[
+                Operand.literal(1),
+                Operand.value(t_val),
+                Operand.literal(h),
+                Operand.literal(D),
+            ],
+        )
         tr = t(f"{name}_heads", (1, h, "T", D))
         w.add_node("Permute", x=r, out=tr, perm=[0, 2, 1, 3])
         heads[name] = tr
     att = None
     for layer in range(len(windows)):
         one = t(f"attn{layer}", (1, HQ, "T", D))
-        w.add_node("UpdateAndAttend", p("attn", f"model.attn{layer}"), q=heads["q"], k=heads["k"], v=heads["v"],
-                   position=pos, out=one, layer_id=layer, scale=float(D) ** -0.5)
+        w.add_node(
+            "UpdateAndAttend",
+            p("attn", f"model.attn{layer}"),
+            q=heads["q"],
+            k=heads["k"],
+            v=heads["v"],
+            position=pos,
+            out=one,
+            layer_id=layer,
+            scale=float(D) ** -0.5,
+        )
         if att is not None:
             total = t(f"attn_sum{layer}", (1, HQ, "T", D))
             w.add_node("Add", a=Operand.tensor(att), b=Operand.tensor(one), out=total)
@@ -71,7 +96,9 @@ def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,), r
     w.add_node("Permute", x=att, out=back, perm=[0, 2, 1, 3])
     flat = t("attn_flat", (1, "T", HQ * D))
     t_dim = Operand.literal(fail_unless_t) if fail_unless_t else Operand.value(t_val)
-    w.add_node("Reshape", x=back, out=flat, shape=[Operand.literal(1), t_dim, Operand.literal(HQ * D)])
+    w.add_node(
+        "Reshape", x=back, out=flat, shape=[Operand.literal(1), t_dim, Operand.literal(HQ * D)]
+    )
     logits = t("logits", (1, "T", VOCAB))
     w.add_node("Linear", p("lm_head", "lm_head"), x=flat, weight=c["wo"], out=logits)
     w.add_output("logits", logits)
@@ -80,7 +107,9 @@ def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,), r
     w.metadata.vocab_size = VOCAB
     w.metadata.max_context = max_t
     if record_layers:
-        w.metadata.layers = tuple(LayerCacheInfo(i, recorded_kv_heads, D, D, win) for i, win in enumerate(windows))
+        w.metadata.layers = tuple(
+            LayerCacheInfo(i, recorded_kv_heads, D, D, win) for i, win in enumerate(windows)
+        )
     w.write(path)
     return wts
 

@@ -119,7 +119,11 @@ class Flow:
     def keys(self) -> list:
         """The alignment key of every node."""
         return [
-            (rec.op, self.key_attrs[i], tuple((n, j, self.source_key(s)) for n, j, s in self.inputs[i]))
+            (
+                rec.op,
+                self.key_attrs[i],
+                tuple((n, j, self.source_key(s)) for n, j, s in self.inputs[i]),
+            )
             for i, rec in enumerate(self.graph.nodes)
         ]
 
@@ -131,10 +135,13 @@ class Flow:
         ]
 
     def describe(self, src: Source):
-        """A source for reports: 'node 12 Linear.out', 'const model.w', 'input tokens'; a literal's value."""
+        """A source for reports: 'node 12 Linear.out', 'const model.w', 'input tokens', or a
+        literal's value."""
         if src.kind == "node":
             i, name, j = src.ref
-            return f"node {i} {short_name(self.graph.nodes[i].op)}.{name}" + (f"[{j}]" if j is not None else "")
+            return f"node {i} {short_name(self.graph.nodes[i].op)}.{name}" + (
+                f"[{j}]" if j is not None else ""
+            )
         if src.kind == "const":
             return f"const {self.graph.tensors[self.graph.constants[src.ref].tensor].name}"
         if src.kind == "literal":
@@ -144,7 +151,10 @@ class Flow:
 
 def _intern(a_keys, b_keys):
     table = {}
-    return ([table.setdefault(k, len(table)) for k in a_keys], [table.setdefault(k, len(table)) for k in b_keys])
+    return (
+        [table.setdefault(k, len(table)) for k in a_keys],
+        [table.setdefault(k, len(table)) for k in b_keys],
+    )
 
 
 def _increasing(pairs) -> list:
@@ -178,7 +188,9 @@ def _match(a, b, i1, i2, j1, j2, out, depth=0) -> None:
         return
     count_a, count_b = Counter(a[i1:i2]), Counter(b[j1:j2])
     where_b = {b[j]: j for j in range(j1, j2) if count_b[b[j]] == 1}
-    anchors = _increasing([(i, where_b[a[i]]) for i in range(i1, i2) if count_a[a[i]] == 1 and a[i] in where_b])
+    anchors = _increasing(
+        [(i, where_b[a[i]]) for i in range(i1, i2) if count_a[a[i]] == 1 and a[i] in where_b]
+    )
     if not anchors or depth > 32:
         matcher = SequenceMatcher(None, a[i1:i2], b[j1:j2], autojunk=False)
         for p, q, n in matcher.get_matching_blocks():

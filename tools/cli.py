@@ -11,7 +11,10 @@ import sys
 
 # subcommand -> (module, one-line help)
 COMMANDS = {
-    "export": ("export_cmd", "export a Hugging Face model folder or built-in model to a graph file"),
+    "export": (
+        "export_cmd",
+        "export a Hugging Face model folder or built-in model to a graph file",
+    ),
     "generate": ("generate_cmd", "generate text with a graph file"),
     "inspect": ("inspect_cmd", "summarise a graph file: metadata, ops, nodes, constants"),
     "verify": ("verify_cmd", "check a graph file (exit 0 valid, 1 invalid)"),
@@ -29,7 +32,9 @@ def _load(name: str):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="mlxgraph", description="PyTorch language models as graph files, run on MLX.")
+    parser = argparse.ArgumentParser(
+        prog="mlxgraph", description="PyTorch language models as graph files, run on MLX."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         _load(name).add_arguments(sub.add_parser(name, help=help_text, description=help_text))

@@ -23,12 +23,24 @@ def add_arguments(parser) -> None:
     """Declare compare's arguments."""
     parser.add_argument("a", metavar="A.mlxg", help="the reference graph file")
     parser.add_argument("b", metavar="B.mlxg", help="the graph file measured against it")
-    parser.add_argument("--prompt-ids", required=True, help="prompt token ids, comma separated (e.g. 1,2,3)")
-    parser.add_argument("--steps", type=int, default=4, help="greedy decode steps after the prefill (default 4)")
-    parser.add_argument("--rtol", type=float, default=None,
-                        help="relative tolerance for floating outputs (default: by dtype, see docs/json-output.md)")
-    parser.add_argument("--top", type=int, default=10, help="how many of the worst nodes to list (default 10)")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON (docs/json-output.md)")
+    parser.add_argument(
+        "--prompt-ids", required=True, help="prompt token ids, comma separated (e.g. 1,2,3)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=4, help="greedy decode steps after the prefill (default 4)"
+    )
+    parser.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        help="relative tolerance for floating outputs (default: by dtype, see docs/json-output.md)",
+    )
+    parser.add_argument(
+        "--top", type=int, default=10, help="how many of the worst nodes to list (default 10)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the result as JSON (docs/json-output.md)"
+    )
 
 
 def run(args) -> int:
@@ -85,11 +97,15 @@ def report(ga, gb, pairs, result, ids, args) -> dict:
         first = dict(_node(ga, result["nodes"][a]), step=step)
     return {
         "files": {"a": str(args.a), "b": str(args.b)},
-        "prompt_ids": ids, "steps": args.steps,
+        "prompt_ids": ids,
+        "steps": args.steps,
         "tokens": {"a": result["tokens"], "b": result["tokens_b"]},
         "tolerance": {"rtol": args.rtol, "by_dtype": dict(RTOL), "integers": 0.0},
         "aligned": len(nodes),
-        "unmatched": {"a": [a for a, b in pairs if b is None], "b": [b for a, b in pairs if a is None]},
+        "unmatched": {
+            "a": [a for a, b in pairs if b is None],
+            "b": [b for a, b in pairs if a is None],
+        },
         "diverged": first is not None,
         "first_divergent": first,
         "nodes": nodes,
@@ -101,18 +117,30 @@ def _row(n) -> str:
     prov = " ".join(x for x in (p["module_path"], p["source"], p["target"]) if x)
     dt = n["dtype_a"] if n["dtype_a"] == n["dtype_b"] else f"{n['dtype_a']}/{n['dtype_b']}"
     note = f"  ({n['note']})" if n["note"] else ""
-    return (f"  a{n['a']:<5} b{n['b']:<5} {n['op']:<16} {dt or '-':<16} {fmt_num(n['max_abs']):>10} "
-            f"{fmt_num(n['max_rel']):>10} {fmt_num(n['tolerance']):>8} {n['worst_step']!s:>4}  {prov}{note}")
+    return (
+        f"  a{n['a']:<5} b{n['b']:<5} {n['op']:<16} {dt or '-':<16} {fmt_num(n['max_abs']):>10} "
+        f"{fmt_num(n['max_rel']):>10} {fmt_num(n['tolerance']):>8} {n['worst_step']!s:>4}  "
+        f"{prov}{note}"
+    )
 
 
 def print_text(doc, top: int) -> None:
     """Print the comparison for a person."""
     print(f"A: {doc['files']['a']}\nB: {doc['files']['b']}")
     un = doc["unmatched"]
-    print(f"aligned {doc['aligned']} nodes; {len(un['a'])} only in A, {len(un['b'])} only in B (not compared)")
-    print(f"prompt {len(doc['prompt_ids'])} tokens, then {doc['steps']} greedy decode steps (step 0 is the prefill)")
+    print(
+        f"aligned {doc['aligned']} nodes; {len(un['a'])} only in A, {len(un['b'])} only in B (not "
+        "compared)"
+    )
+    print(
+        f"prompt {len(doc['prompt_ids'])} tokens, then {doc['steps']} greedy decode steps (step 0 "
+        "is the prefill)"
+    )
     agree = "agree" if doc["tokens"]["a"] == doc["tokens"]["b"] else "DISAGREE"
-    print(f"greedy tokens: A {doc['tokens']['a']}  B {doc['tokens']['b']}  ({agree}; both are fed A's)")
+    print(
+        f"greedy tokens: A {doc['tokens']['a']}  B {doc['tokens']['b']}  ({agree}; both are fed "
+        "A's)"
+    )
     tol = doc["tolerance"]
     if tol["rtol"] is not None:
         print(f"tolerance: max rel {tol['rtol']:g} for floating outputs (--rtol), integers exact")
@@ -124,16 +152,29 @@ def print_text(doc, top: int) -> None:
         print("no divergence: every aligned node is within tolerance at every step")
     else:
         p = f["provenance"]
-        print(f"FIRST DIVERGENT NODE: a{f['a']} (b{f['b']}) {f['op']} at step {f['step']}: "
-              f"max abs {fmt_num(f['max_abs'])}, max rel {fmt_num(f['max_rel'])} > {fmt_num(f['tolerance'])} "
-              f"({f['dtype_a']} vs {f['dtype_b']})")
-        print(f"  provenance: module {p['module_path'] or '-'}, source {p['source'] or '-'}, target {p['target'] or '-'}")
+        print(
+            f"FIRST DIVERGENT NODE: a{f['a']} (b{f['b']}) {f['op']} at step {f['step']}: "
+            f"max abs {fmt_num(f['max_abs'])}, max rel {fmt_num(f['max_rel'])} > "
+            f"{fmt_num(f['tolerance'])} "
+            f"({f['dtype_a']} vs {f['dtype_b']})"
+        )
+        print(
+            f"  provenance: module {p['module_path'] or '-'}, source {p['source'] or '-'}, target "
+            f"{p['target'] or '-'}"
+        )
     differing = [n for n in doc["nodes"] if n["max_abs"] > 0]
     if not differing:
         print("every aligned output is bitwise equal")
         return
-    worst = sorted(differing, key=lambda n: -(n["max_rel"] / n["tolerance"] if n["tolerance"] else float("inf")))
-    print(f"{len(differing)} aligned nodes differ; the worst (max over steps, relative to their tolerance):\n"
-          f"  {'a':<6} {'b':<6} {'op':<16} {'dtype':<16} {'max abs':>10} {'max rel':>10} {'tol':>8} {'step':>4}  provenance")
+    worst = sorted(
+        differing,
+        key=lambda n: -(n["max_rel"] / n["tolerance"] if n["tolerance"] else float("inf")),
+    )
+    print(
+        f"{len(differing)} aligned nodes differ; the worst (max over steps, relative to their "
+        "tolerance):\n"
+        f"  {'a':<6} {'b':<6} {'op':<16} {'dtype':<16} {'max abs':>10} {'max rel':>10} {'tol':>8} "
+        f"{'step':>4}  provenance"
+    )
     for n in worst[:max(top, 0)]:
         print(_row(n))

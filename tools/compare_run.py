@@ -49,7 +49,18 @@ def _dtype_name(x) -> str | None:
 class _Stats:
     """The worst error seen so far for one aligned node."""
 
-    __slots__ = ("a", "b", "max_abs", "max_rel", "worst_step", "tol", "dtype_a", "dtype_b", "first_step", "note")
+    __slots__ = (
+        "a",
+        "b",
+        "max_abs",
+        "max_rel",
+        "worst_step",
+        "tol",
+        "dtype_a",
+        "dtype_b",
+        "first_step",
+        "note",
+    )
 
     def __init__(self, a, b):
         self.a, self.b = a, b
@@ -60,7 +71,11 @@ class _Stats:
         self.note = ""
 
     def add(self, step, max_abs, max_rel, tol, dtype_a, dtype_b, note):
-        if self.worst_step is None or max_rel > self.max_rel or (max_rel == self.max_rel and max_abs > self.max_abs):
+        if (
+            self.worst_step is None
+            or max_rel > self.max_rel
+            or (max_rel == self.max_rel and max_abs > self.max_abs)
+        ):
             self.max_abs, self.max_rel, self.worst_step = max_abs, max_rel, step
             self.tol, self.dtype_a, self.dtype_b, self.note = tol, dtype_a, dtype_b, note
         if self.first_step is None and max_rel > tol:
@@ -87,7 +102,17 @@ def precision(flow) -> list:
     return out
 
 
-def run_compare(prog_a, prog_b, pairs, prompt, steps, rtol=None, capacity=None, precision_a=None, precision_b=None) -> dict:
+def run_compare(
+    prog_a,
+    prog_b,
+    pairs,
+    prompt,
+    steps,
+    rtol=None,
+    capacity=None,
+    precision_a=None,
+    precision_b=None,
+) -> dict:
     """Run both programs and measure every aligned node.
 
     Args:
@@ -101,7 +126,8 @@ def run_compare(prog_a, prog_b, pairs, prompt, steps, rtol=None, capacity=None, 
             depends on (:func:`precision`); widens the tolerance of float32 nodes
             downstream of float16 weights.
     Returns:
-        {'tokens': [...], 'tokens_b': [...], 'nodes': {a index: _Stats}, 'first': (step, a index) or None}
+        {'tokens': [...], 'tokens_b': [...], 'nodes': {a index: _Stats},
+         'first': (step, a index) or None}
     Raises:
         GraphRuntimeError, SessionError: a program failed to run.
     """
@@ -131,10 +157,15 @@ def run_compare(prog_a, prog_b, pairs, prompt, steps, rtol=None, capacity=None, 
                 pending.append((i, _INF, 0.0, None, None, "output count differs"))
                 return
             for k, (x, y) in enumerate(zip(outs_a, outputs, strict=True)):
-                note = f"shape {tuple(x.shape)} vs {tuple(y.shape)}" if (
-                    isinstance(x, mx.array) and isinstance(y, mx.array) and x.shape != y.shape) else ""
+                note = (
+                    f"shape {tuple(x.shape)} vs {tuple(y.shape)}"
+                    if (isinstance(x, mx.array) and isinstance(y, mx.array) and x.shape != y.shape)
+                    else ""
+                )
                 m, s = _measure(x, y)
-                pending.append((i, m, s, _dtype_name(x), _dtype_name(y), note or (f"output {k}" if k else "")))
+                pending.append(
+                    (i, m, s, _dtype_name(x), _dtype_name(y), note or (f"output {k}" if k else ""))
+                )
 
         logits_b = _logits(sb.step(tok, positions, observer=measure))
         logits_a = _logits(logits_a)
@@ -145,13 +176,28 @@ def run_compare(prog_a, prog_b, pairs, prompt, steps, rtol=None, capacity=None, 
         for i, m, s, da, db, note in pending:
             m = float(m.item()) if isinstance(m, mx.array) else m
             s = float(s.item()) if isinstance(s, mx.array) else s
-            up = (precision_a[i] if precision_a else None, precision_b[a2b[i]] if precision_b else None)
-            stats[i].add(step, m, relative(m, s) if m != _INF else _INF, tolerance(da, db, rtol, up), da, db, note)
+            up = (
+                precision_a[i] if precision_a else None,
+                precision_b[a2b[i]] if precision_b else None,
+            )
+            stats[i].add(
+                step,
+                m,
+                relative(m, s) if m != _INF else _INF,
+                tolerance(da, db, rtol, up),
+                da,
+                db,
+                note,
+            )
         pos += len(feed)
         tokens.append(int(next_a.item()))
         tokens_b.append(int(next_b.item()))
         feed = [tokens[-1]]
         del kept, pending
     diverged = [(s.first_step, a) for a, s in stats.items() if s.first_step is not None]
-    return {"tokens": tokens, "tokens_b": tokens_b, "nodes": stats, "first": min(diverged) if diverged else None}
-
+    return {
+        "tokens": tokens,
+        "tokens_b": tokens_b,
+        "nodes": stats,
+        "first": min(diverged) if diverged else None,
+    }

@@ -16,7 +16,9 @@ def add_arguments(parser) -> None:
     """Declare diff's arguments."""
     parser.add_argument("a", metavar="A.mlxg", help="the reference graph file")
     parser.add_argument("b", metavar="B.mlxg", help="the graph file compared with it")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON (docs/json-output.md)")
+    parser.add_argument(
+        "--json", action="store_true", help="print the result as JSON (docs/json-output.md)"
+    )
     parser.add_argument("--no-stats", action="store_true",
                         help="skip the numeric max abs/rel differences of changed constants")
 
@@ -29,8 +31,15 @@ def run(args) -> int:
         return fail(f"diff: {e}")
     result = diff_graphs(ga, gb, stats=not args.no_stats)
     if args.json:
-        files = {k: {"path": str(p), "producer": g.producer, "nodes": len(g.nodes), "constants": len(g.constants)}
-                 for k, p, g in (("a", args.a, ga), ("b", args.b, gb))}
+        files = {
+            k: {
+                "path": str(p),
+                "producer": g.producer,
+                "nodes": len(g.nodes),
+                "constants": len(g.constants),
+            }
+            for k, p, g in (("a", args.a, ga), ("b", args.b, gb))
+        }
         print_json({**json_header({"a": ga, "b": gb}), "files": files, **result})
     else:
         print_text(args.a, ga, args.b, gb, result)
@@ -68,7 +77,11 @@ def print_text(path_a, ga, path_b, gb, r) -> None:
         if r[section]:
             print(f"{section}:")
             for e in r[section]:
-                detail = _fields(e["fields"]) if e["change"] == "changed" else f"{_tensor(e['a'])} -> {_tensor(e['b'])}"
+                detail = (
+                    _fields(e["fields"])
+                    if e["change"] == "changed"
+                    else f"{_tensor(e['a'])} -> {_tensor(e['b'])}"
+                )
                 print(f"  {_MARK[e['change']]} {e['name']}: {detail}")
     s = r["summary"]
     if r["nodes"]:
@@ -86,12 +99,18 @@ def print_text(path_a, ga, path_b, gb, r) -> None:
         print(f"constants: {len(r['constants'])} differ")
         for c in r["constants"]:
             a, b = c["a"], c["b"]
-            name = (a or b)["name"] if a is None or b is None or a["name"] == b["name"] else f"{a['name']} / {b['name']}"
+            name = (
+                (a or b)["name"]
+                if a is None or b is None or a["name"] == b["name"]
+                else f"{a['name']} / {b['name']}"
+            )
             line = f"  {_MARK[c['change']]} {name}  {_tensor(a)} -> {_tensor(b)}"
             if a is not None and b is not None and a["hash"] != b["hash"]:
                 line += f"  hash {a['hash'][:12]} -> {b['hash'][:12]}"
             if "max_abs_diff" in c:
-                line += f"  max abs {fmt_num(c['max_abs_diff'])}, max rel {fmt_num(c['max_rel_diff'])}"
+                line += (
+                    f"  max abs {fmt_num(c['max_abs_diff'])}, max rel {fmt_num(c['max_rel_diff'])}"
+                )
             print(line)
     if r["same"]:
         print(f"same: {s['aligned']} nodes aligned, nothing differs")
@@ -99,7 +118,11 @@ def print_text(path_a, ga, path_b, gb, r) -> None:
         parts = [f"{s[k]} {k}" for k in ("inserted", "deleted", "changed") if s[k]]
         if s["dtype_only"] and s["dtype_only"] == s["inserted"] + s["deleted"] + s["changed"]:
             parts[-1] += " (all casts or dtype changes only)"
-        parts += [f"{s[k]} {k} difference(s)" for k in ("metadata", "inputs", "outputs", "constants") if s[k]]
+        parts += [
+            f"{s[k]} {k} difference(s)"
+            for k in ("metadata", "inputs", "outputs", "constants")
+            if s[k]
+        ]
         print("different: " + ", ".join(parts))
 
 

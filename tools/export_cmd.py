@@ -1,4 +1,5 @@
-"""`mlxgraph export MODEL -o OUT.mlxg`: a Hugging Face model folder or built-in name to a graph file.
+"""`mlxgraph export MODEL -o OUT.mlxg`: a Hugging Face model folder or built-in name to a graph
+file.
 
 Progress lines go to stderr as each long step starts; the summary (or, with --json, one
 JSON object) goes to stdout. Exit 0 on success, 2 for bad usage (unknown model, bad
@@ -15,13 +16,20 @@ from mlxgraph.tools.output import fail, human_bytes, json_header_for, print_json
 
 def add_arguments(parser) -> None:
     """Declare the command's arguments."""
-    parser.add_argument("model", help="a Hugging Face model folder (config.json + safetensors) or a "
-                        "built-in name: tiny-llama, tiny-qwen2, tiny-mistral, tiny-gemma3, tiny-phi3")
+    parser.add_argument(
+        "model",
+        help="a Hugging Face model folder (config.json + safetensors) or a "
+        "built-in name: tiny-llama, tiny-qwen2, tiny-mistral, tiny-gemma3, tiny-phi3",
+    )
     parser.add_argument("-o", "--output", required=True, help="the .mlxg file to write")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="compute and weight dtype of the graph (default float32)")
-    parser.add_argument("--max-seq-len", type=int, default=2048,
-                        help="the most tokens one step may carry, and the recorded max context (default 2048)")
+    parser.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=2048,
+        help="the most tokens one step may carry, and the recorded max context (default 2048)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -55,7 +63,13 @@ def run(args) -> int:
             print(f"[{time.perf_counter() - started:6.1f}s] {step}...", file=sys.stderr, flush=True)
 
     try:
-        stats = export(args.model, args.output, dtype=args.dtype, max_seq_len=args.max_seq_len, progress=progress)
+        stats = export(
+            args.model,
+            args.output,
+            dtype=args.dtype,
+            max_seq_len=args.max_seq_len,
+            progress=progress,
+        )
     except ExportError as e:
         return fail(f"export: {e}")
     except (UnsupportedOpsError, AdapterError, TraceError) as e:

@@ -51,7 +51,12 @@ def _plain(v):
 def _layer(lc):
     if lc is None:
         return None
-    return {"kv_heads": lc.kv_heads, "head_dim": lc.head_dim, "v_head_dim": lc.v_head_dim, "sliding_window": lc.sliding_window}
+    return {
+        "kv_heads": lc.kv_heads,
+        "head_dim": lc.head_dim,
+        "v_head_dim": lc.v_head_dim,
+        "sliding_window": lc.sliding_window,
+    }
 
 
 def _bounds(b):
@@ -81,7 +86,9 @@ class _Differ:
 
     def source_diff(self, sa, sb) -> bool:
         """True when two sources differ in a way no insertion or deletion explains."""
-        if (sa.kind == "node" and sa.ref[0] not in self.a2b) or (sb.kind == "node" and sb.ref[0] not in self.b2a):
+        if (sa.kind == "node" and sa.ref[0] not in self.a2b) or (
+            sb.kind == "node" and sb.ref[0] not in self.b2a
+        ):
             return False
         if sa.kind != sb.kind:
             return True
@@ -136,10 +143,23 @@ class _Differ:
                 fields = self.node_changes(i, j)
                 if fields:
                     rec = self.ga.nodes[i]
-                    dtype_attrs = {f.name for f in op_spec(rec.op).table.fields if f.type == "DType"}
-                    dtype_only = all(f["field"].endswith(".dtype") or f["field"] in dtype_attrs for f in fields)
-                    out.append({"change": "changed", "a": i, "b": j, "op": short_name(rec.op), "dtype_only": dtype_only,
-                                "fields": fields, "module_path": rec.provenance.module_path})
+                    dtype_attrs = {
+                        f.name for f in op_spec(rec.op).table.fields if f.type == "DType"
+                    }
+                    dtype_only = all(
+                        f["field"].endswith(".dtype") or f["field"] in dtype_attrs for f in fields
+                    )
+                    out.append(
+                        {
+                            "change": "changed",
+                            "a": i,
+                            "b": j,
+                            "op": short_name(rec.op),
+                            "dtype_only": dtype_only,
+                            "fields": fields,
+                            "module_path": rec.provenance.module_path,
+                        }
+                    )
         return out
 
     def io(self, which) -> list:
@@ -166,7 +186,11 @@ class _Differ:
         for k, c in enumerate(gb.constants):
             hash_b.setdefault(c.hash, []).append(k)
         for k, c in enumerate(ga.constants):
-            cand = [m for m in hash_b.get(c.hash, []) if m not in self.cb2a] if k not in self.ca2b else []
+            cand = (
+                [m for m in hash_b.get(c.hash, []) if m not in self.cb2a]
+                if k not in self.ca2b
+                else []
+            )
             if cand:
                 self.ca2b[k], self.cb2a[cand[0]] = cand[0], k
         out = []
@@ -196,7 +220,14 @@ def _fname(key) -> str:
 def _const(g, k) -> dict:
     c = g.constants[k]
     t = g.tensors[c.tensor]
-    return {"index": k, "name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": c.length, "hash": c.hash}
+    return {
+        "index": k,
+        "name": t.name,
+        "dtype": t.dtype,
+        "shape": list(t.shape),
+        "bytes": c.length,
+        "hash": c.hash,
+    }
 
 
 def diff_graphs(ga, gb, stats: bool = True) -> dict:
@@ -218,7 +249,9 @@ def diff_graphs(ga, gb, stats: bool = True) -> dict:
         "nodes": nodes,
         "constants": d.constants(stats),
     }
-    summary = {k: sum(1 for n in nodes if n["change"] == k) for k in ("inserted", "deleted", "changed")}
+    summary = {
+        k: sum(1 for n in nodes if n["change"] == k) for k in ("inserted", "deleted", "changed")
+    }
     summary.update({k: len(doc[k]) for k in ("metadata", "inputs", "outputs", "constants")})
     summary["aligned"] = len(d.a2b)
     same = not any(v for k, v in summary.items() if k != "aligned")

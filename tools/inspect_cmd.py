@@ -19,9 +19,13 @@ from mlxgraph.tools.output import (
 def add_arguments(parser) -> None:
     """Declare inspect's arguments."""
     parser.add_argument("file", metavar="GRAPH.mlxg", help="the graph file")
-    parser.add_argument("--nodes", action="store_true", help="also print the node stream, one node per line")
+    parser.add_argument(
+        "--nodes", action="store_true", help="also print the node stream, one node per line"
+    )
     parser.add_argument("--constants", action="store_true", help="also list the constants")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON (docs/json-output.md)")
+    parser.add_argument(
+        "--json", action="store_true", help="print the result as JSON (docs/json-output.md)"
+    )
 
 
 def run(args) -> int:
@@ -48,7 +52,10 @@ def run(args) -> int:
     if args.constants:
         print("constants:")
         for c in constant_list(graph):
-            print(f"  {c['index']}  {c['name']}  {c['dtype']}{shape_str(c['shape'])}  {c['bytes']}  {c['hash']}")
+            print(
+                f"  {c['index']}  {c['name']}  {c['dtype']}{shape_str(c['shape'])}  {c['bytes']}  "
+                f"{c['hash']}"
+            )
     return 0
 
 
@@ -78,8 +85,17 @@ def constant_list(graph) -> list:
     out = []
     for k, c in enumerate(graph.constants):
         t = graph.tensors[c.tensor]
-        out.append({"index": k, "name": t.name, "slot": c.tensor, "dtype": t.dtype, "shape": list(t.shape),
-                    "bytes": c.length, "hash": c.hash})
+        out.append(
+            {
+                "index": k,
+                "name": t.name,
+                "slot": c.tensor,
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "bytes": c.length,
+                "hash": c.hash,
+            }
+        )
     return out
 
 
@@ -114,16 +130,28 @@ def summary(graph, path) -> dict:
         "file_bytes": file_bytes,
         "producer": graph.producer,
         "metadata": {
-            "architecture": m.architecture, "num_layers": m.num_layers, "hidden_size": m.hidden_size,
-            "vocab_size": m.vocab_size, "max_context": m.max_context, "eos_token_ids": list(m.eos_token_ids),
-            "bos_token_id": m.bos_token_id, "tokenizer": m.tokenizer, "extra": dict(m.extra),
+            "architecture": m.architecture,
+            "num_layers": m.num_layers,
+            "hidden_size": m.hidden_size,
+            "vocab_size": m.vocab_size,
+            "max_context": m.max_context,
+            "eos_token_ids": list(m.eos_token_ids),
+            "bos_token_id": m.bos_token_id,
+            "tokenizer": m.tokenizer,
+            "extra": dict(m.extra),
             "cache": cache_groups(m.layers),
         },
         "symbols": [{"name": s.name, "min": s.min, "max": s.max} for s in graph.symbols],
         "inputs": _io(graph, "inputs"),
         "outputs": _io(graph, "outputs"),
-        "counts": {"tensors": len(graph.tensors), "values": len(graph.values), "symbols": len(graph.symbols),
-                   "constants": len(graph.constants), "nodes": len(graph.nodes), "chains": graph.root.ChainsLength()},
+        "counts": {
+            "tensors": len(graph.tensors),
+            "values": len(graph.values),
+            "symbols": len(graph.symbols),
+            "constants": len(graph.constants),
+            "nodes": len(graph.nodes),
+            "chains": graph.root.ChainsLength(),
+        },
         "constant_bytes": constant_bytes(graph),
         "ops": dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
     }
@@ -146,9 +174,12 @@ def print_summary(doc, version: str) -> None:
     size = f"  ({human_bytes(doc['file_bytes'])})" if doc["file_bytes"] is not None else ""
     print(f"{'file':<12}{doc['path']}{size}")
     print(f"{'format':<12}{version}   producer {doc['producer'] or '-'}")
-    print(f"{'model':<12}{m['architecture'] or '-'}  layers {m['num_layers']}  hidden {m['hidden_size']}  "
-          f"vocab {m['vocab_size']}  max context {m['max_context']}  eos {m['eos_token_ids']}  "
-          f"bos {m['bos_token_id']}  tokenizer {m['tokenizer'] or '-'}")
+    print(
+        f"{'model':<12}{m['architecture'] or '-'}  layers {m['num_layers']}  hidden "
+        f"{m['hidden_size']}  "
+        f"vocab {m['vocab_size']}  max context {m['max_context']}  eos {m['eos_token_ids']}  "
+        f"bos {m['bos_token_id']}  tokenizer {m['tokenizer'] or '-'}"
+    )
     if m["extra"]:
         print(*_wrap("extra", [f"{k}={v}" for k, v in sorted(m["extra"].items())]), sep="\n")
     cache = []
@@ -156,23 +187,37 @@ def print_summary(doc, version: str) -> None:
         lo, hi = g["layers"]
         span = f"layer {lo}" if lo == hi else f"layers {lo}-{hi}"
         window = f"window {g['sliding_window']}" if g["sliding_window"] else "full"
-        cache.append(f"{span}: kv_heads {g['kv_heads']} head_dim {g['head_dim']} v_head_dim {g['v_head_dim']} {window}")
+        cache.append(
+            f"{span}: kv_heads {g['kv_heads']} head_dim {g['head_dim']} v_head_dim "
+            f"{g['v_head_dim']} {window}"
+        )
     cache = [c + ";" for c in cache[:-1]] + cache[-1:]
     print(*_wrap("kv cache", cache or ["-"]), sep="\n")
-    syms = [f"{s['name']} in [{s['min']}, {s['max'] if s['max'] is not None else '?'}]" for s in doc["symbols"]]
+    syms = [
+        f"{s['name']} in [{s['min']}, {s['max'] if s['max'] is not None else '?'}]"
+        for s in doc["symbols"]
+    ]
     print(*_wrap("symbols", syms or ["-"]), sep="\n")
     for which in ("inputs", "outputs"):
         items = [f"{e['name']} {e['dtype']}{shape_str(e['shape'])}" for e in doc[which]]
         print(*_wrap(which, items or ["-"]), sep="\n")
     c = doc["counts"]
-    print(f"{'slots':<12}{c['tensors']} tensors ({c['constants']} constants), {c['values']} values, "
-          f"{c['symbols']} symbols; {c['nodes']} nodes, {c['chains']} chain(s)")
+    print(
+        f"{'slots':<12}{c['tensors']} tensors ({c['constants']} constants), {c['values']} values, "
+        f"{c['symbols']} symbols; {c['nodes']} nodes, {c['chains']} chain(s)"
+    )
     cb = doc["constant_bytes"]
     per = [f"{k} {human_bytes(v['bytes'])} ({v['count']})" for k, v in cb["by_dtype"].items()]
     print(*_wrap("constants", [f"{human_bytes(cb['total'])} total:"] + per), sep="\n")
     if cb["duplicates"]:
-        dup = [f"{len(d['names'])}x {human_bytes(d['bytes'])} ({', '.join(d['names'])})" for d in cb["duplicates"]]
-        print(*_wrap("duplicates", dup + [f"{human_bytes(cb['duplicate_bytes'])} could be shared"]), sep="\n")
+        dup = [
+            f"{len(d['names'])}x {human_bytes(d['bytes'])} ({', '.join(d['names'])})"
+            for d in cb["duplicates"]
+        ]
+        print(
+            *_wrap("duplicates", dup + [f"{human_bytes(cb['duplicate_bytes'])} could be shared"]),
+            sep="\n",
+        )
     else:
         print(f"{'duplicates':<12}none")
     print(*_wrap("ops", [f"{k} {v}" for k, v in doc["ops"].items()] or ["-"]), sep="\n")

@@ -3,7 +3,8 @@
 Both are driven by the op specs read from the schema (schema/spec.py), so a new op prints
 with no change here. The text form of node ``i`` is::
 
-    12  Linear  x=%5:h weight=%3:model.q.weight -> out=%13:q  axis=1  # model.layers.0 linear_3 aten.linear.default
+    12  Linear  x=%5:h weight=%3:model.q.weight -> out=%13:q  axis=1  # model.layers.0 linear_3
+        aten.linear.default   (one line; wrapped here)
 
 inputs ('in' and 'value_in' fields, schema order) -> outputs ('out', 'value_out'), then
 attributes, then the provenance (module path, fx node name, ATen target). Tensor slots
@@ -36,7 +37,11 @@ def _fields(op: str) -> tuple:
 
 def node_fields(record):
     """The node's present fields in schema order as (FieldSpec, value); absent ones skipped."""
-    return [(f, record.fields.get(f.name)) for f in _fields(record.op) if record.fields.get(f.name) is not None]
+    return [
+        (f, record.fields.get(f.name))
+        for f in _fields(record.op)
+        if record.fields.get(f.name) is not None
+    ]
 
 
 @cache
@@ -130,7 +135,11 @@ def _ref_json(f, value, names: SlotNames):
         if isinstance(v, Operand):
             if v.kind in ("tensor", "value"):
                 table = names.tensors if v.kind == "tensor" else names.values
-                return {"kind": v.kind, "slot": v.index, "name": table[v.index] if 0 <= v.index < len(table) else None}
+                return {
+                    "kind": v.kind,
+                    "slot": v.index,
+                    "name": table[v.index] if 0 <= v.index < len(table) else None,
+                }
             return {"kind": v.kind, "value": v.python_value()}
         kind = "value" if f.role in ("value_in", "value_out") else "tensor"
         table = names.values if kind == "value" else names.tensors
@@ -151,6 +160,10 @@ def node_json(index: int, record, names: SlotNames) -> dict:
             attrs[f.name] = attr_value(f, value)
     p = record.provenance
     return {
-        "index": index, "op": short_name(record.op), "inputs": ins, "outputs": outs, "attributes": attrs,
+        "index": index,
+        "op": short_name(record.op),
+        "inputs": ins,
+        "outputs": outs,
+        "attributes": attrs,
         "provenance": {"module_path": p.module_path, "source": p.source, "target": p.target},
     }

@@ -1,4 +1,4 @@
-"""Shared plumbing of the tools: opening graph files, errors, token ids, JSON and number printing."""
+"""Shared plumbing of the tools: opening graph files, errors, token ids, JSON, number printing."""
 
 import json
 import math
@@ -34,7 +34,16 @@ def open_checked(path):
 
     try:
         graph = open_graph(path)
-        for part in ("symbols", "tensors", "values", "inputs", "outputs", "constants", "metadata", "nodes"):
+        for part in (
+            "symbols",
+            "tensors",
+            "values",
+            "inputs",
+            "outputs",
+            "constants",
+            "metadata",
+            "nodes",
+        ):
             getattr(graph, part)
     except GraphFormatError as e:
         raise ToolError(str(e)) from None
@@ -69,7 +78,11 @@ def json_header_for(version) -> dict:
         version: the file's 'major.minor', {'a': ..., 'b': ...} for two files, or None when
             the file's version cannot be read.
     """
-    return {"format_version": version, "json_version": JSON_VERSION, "tool_format_version": format_version()}
+    return {
+        "format_version": version,
+        "json_version": JSON_VERSION,
+        "tool_format_version": format_version(),
+    }
 
 
 def parse_ids(text: str) -> list:
@@ -117,7 +130,9 @@ def peak_rss_bytes() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (
+        1 if sys.platform == "darwin" else 1024
+    )
 
 
 def _jsonable(x):

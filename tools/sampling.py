@@ -40,7 +40,9 @@ def top_p_mask(logits: mx.array, p: float) -> mx.array:
     before = mx.cumsum(probs, axis=-1) - probs      # mass strictly above each token
     ranked = mx.where(before < p, ranked, -mx.inf)
     # Undo the sort: scatter the masked values back to vocabulary order.
-    return mx.put_along_axis(mx.full(logits.shape, -mx.inf, dtype=logits.dtype), order, ranked, axis=-1)
+    return mx.put_along_axis(
+        mx.full(logits.shape, -mx.inf, dtype=logits.dtype), order, ranked, axis=-1
+    )
 
 
 class Sampler:
@@ -62,7 +64,12 @@ class Sampler:
             raise ValueError(f"top-k must be >= 0, got {top_k}")
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top-p must be in (0, 1], got {top_p}")
-        self.temperature, self.top_k, self.top_p, self.seed = float(temperature), int(top_k), float(top_p), int(seed)
+        self.temperature, self.top_k, self.top_p, self.seed = (
+            float(temperature),
+            int(top_k),
+            float(top_p),
+            int(seed),
+        )
         self._key = mx.random.key(self.seed)
 
     @property

@@ -57,7 +57,7 @@ class GraphSpec:
         return T(len(self.tensors) - 1)
 
     def node(self, op, prov=None, **fields):
-        """Append a node; tensor/value fields hold T/V handles, Operand fields a handle or a number."""
+        """Append a node; tensor/value fields hold T/V handles, Operands a handle or a number."""
         self.nodes.append((op, prov or Provenance(), fields))
 
     def write(self, path, order_seed=None) -> dict:
@@ -136,10 +136,18 @@ def llama(layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64, vocab=64, d
     g.node("SymSize", P("", "sym_size"), x=tokens, axis=1, out=Tv)
     h = act("embed", 1, "T", hidden)
     emb_w = w("model.embed_tokens.weight", vocab, hidden, scale=1.0)
-    g.node("Embedding", P("model.embed_tokens", "embedding", "aten.embedding.default"), weight=emb_w, indices=tokens, out=h)
+    g.node("Embedding", P("model.embed_tokens", "embedding", "aten.embedding.default"),
+           weight=emb_w, indices=tokens, out=h)
     # rotary tables, shared by every layer
-    inv = g.const("rotary.inv_freq", (1e4 ** (-np.arange(0, d, 2, dtype=np.float32) / d)).astype(np.float32))
-    pf, pf1, fr, fr2 = act("pos_f", "T", dt="float32"), act("pos_f1", "T", 1, dt="float32"), act("freqs", "T", d // 2, dt="float32"), act("emb", "T", d, dt="float32")
+    inv = g.const(
+        "rotary.inv_freq", (1e4 ** (-np.arange(0, d, 2, dtype=np.float32) / d)).astype(np.float32)
+    )
+    pf, pf1, fr, fr2 = (
+        act("pos_f", "T", dt="float32"),
+        act("pos_f1", "T", 1, dt="float32"),
+        act("freqs", "T", d // 2, dt="float32"),
+        act("emb", "T", d, dt="float32"),
+    )
     rp = P("model.rotary_emb", "rope")
     g.node("Cast", rp, x=positions, out=pf, dtype=0)
     g.node("Unsqueeze", rp, x=pf, axis=1, out=pf1)
@@ -147,7 +155,11 @@ def llama(layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64, vocab=64, d
     g.node("Concat", rp, inputs=[fr, fr], axis=-1, out=fr2)
     tabs = []
     for fn in ("Cos", "Sin"):
-        c32, c, c4 = act(f"{fn.lower()}32", "T", d, dt="float32"), act(fn.lower(), "T", d), act(f"{fn.lower()}4", 1, 1, "T", d)
+        c32, c, c4 = (
+            act(f"{fn.lower()}32", "T", d, dt="float32"),
+            act(fn.lower(), "T", d),
+            act(f"{fn.lower()}4", 1, 1, "T", d),
+        )
         g.node(fn, rp, x=fr2, out=c32)
         g.node("Cast", rp, x=c32, out=c, dtype=0 if dtype == "float32" else 1)
         g.node("Reshape", rp, x=c, out=c4, shape=[1, 1, Tv, d])
@@ -156,13 +168,27 @@ def llama(layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64, vocab=64, d
     g.node("Unsqueeze", P("model", "position"), x=positions, axis=1, out=pos2)
 
     def norm(x, name, module):
-        wt = g.const(f"{module}.weight", np.ones(hidden, dtype=dtype) + rng.standard_normal(hidden).astype(dtype) * 0.1)
+        wt = g.const(
+            f"{module}.weight",
+            np.ones(hidden, dtype=dtype) + rng.standard_normal(hidden).astype(dtype) * 0.1,
+        )
         if not decomposed:
             y = act(name, 1, "T", hidden)
-            g.node("RmsNorm", P(module, name, "aten.rms_norm.default"), x=x, weight=wt, out=y, eps=1e-5)
+            g.node(
+                "RmsNorm", P(module, name, "aten.rms_norm.default"), x=x, weight=wt, out=y, eps=1e-5
+            )
             return y
         pr = P(module, name)
-        x32, sq, ms, eps, r, n32, n, y = (act(f"{name}_{k}", 1, "T", hidden if k not in ("ms", "eps", "r") else 1, dt="float32" if k in ("x32", "sq", "ms", "eps", "r", "n32") else dtype) for k in ("x32", "sq", "ms", "eps", "r", "n32", "n", "y"))
+        x32, sq, ms, eps, r, n32, n, y = (
+            act(
+                f"{name}_{k}",
+                1,
+                "T",
+                hidden if k not in ("ms", "eps", "r") else 1,
+                dt="float32" if k in ("x32", "sq", "ms", "eps", "r", "n32") else dtype,
+            )
+            for k in ("x32", "sq", "ms", "eps", "r", "n32", "n", "y")
+        )
         g.node("Cast", pr, x=x, out=x32, dtype=0)
         g.node("Pow", pr, a=x32, b=2.0, out=sq)
         g.node("Mean", pr, x=sq, out=ms, axes=[-1], keepdims=True)
@@ -180,7 +206,10 @@ def llama(layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64, vocab=64, d
             g.node("Rope", P(module, name), x=x, cos=tabs[0], sin=tabs[1], out=y)
             return y
         pr = P(module, name)
-        x1, x2, nx2, rot, a, b, y = (act(f"{name}_{k}", *(shp[:-1] + ((d // 2) if k in ("x1", "x2", "nx2") else d,))) for k in ("x1", "x2", "nx2", "rot", "a", "b", "y"))
+        x1, x2, nx2, rot, a, b, y = (
+            act(f"{name}_{k}", *(shp[:-1] + ((d // 2) if k in ("x1", "x2", "nx2") else d,)))
+            for k in ("x1", "x2", "nx2", "rot", "a", "b", "y")
+        )
         g.node("Slice", pr, x=x, out=x1, axis=-1, start=0, end=d // 2)
         g.node("Slice", pr, x=x, out=x2, axis=-1, start=d // 2, end=d)
         g.node("Neg", pr, x=x2, out=nx2)
@@ -192,7 +221,8 @@ def llama(layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64, vocab=64, d
 
     def linear(x, module, n_in, n_out, name):
         y = act(name, 1, "T", n_out)
-        g.node("Linear", P(module, name, "aten.linear.default"), x=x, weight=w(f"{module}.weight", n_out, n_in), out=y)
+        g.node("Linear", P(module, name, "aten.linear.default"), x=x,
+               weight=w(f"{module}.weight", n_out, n_in), out=y)
         return y
 
     for i in range(layers):
@@ -210,10 +240,14 @@ def llama(layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64, vocab=64, d
             g.node("Reshape", P(a, f"l{i}_{proj}_view"), x=y, out=r, shape=[1, Tv, nh, d])
             g.node("Permute", P(a, f"l{i}_{proj}_transpose"), x=r, out=t, perm=[0, 2, 1, 3])
             heads_out.append(rope(t, f"l{i}_{proj}_rope", a, nh) if proj != "v" else t)
-        o, ot, o2 = act(f"l{i}_attn", 1, heads, "T", d), act(f"l{i}_attn_t", 1, "T", heads, d), act(f"l{i}_attn_r", 1, "T", hidden)
+        o, ot, o2 = (
+            act(f"l{i}_attn", 1, heads, "T", d),
+            act(f"l{i}_attn_t", 1, "T", heads, d),
+            act(f"l{i}_attn_r", 1, "T", hidden),
+        )
         q, k, v = heads_out
-        g.node("UpdateAndAttend", P(a, f"l{i}_attend", "mlxgraph.update_and_attend.default"), q=q, k=k, v=v,
-               position=pos2, out=o, layer_id=i, scale=d ** -0.5)
+        g.node("UpdateAndAttend", P(a, f"l{i}_attend", "mlxgraph.update_and_attend.default"),
+               q=q, k=k, v=v, position=pos2, out=o, layer_id=i, scale=d**-0.5)
         g.node("Permute", P(a, f"l{i}_attn_transpose"), x=o, out=ot, perm=[0, 2, 1, 3])
         g.node("Reshape", P(a, f"l{i}_attn_view"), x=ot, out=o2, shape=[1, Tv, hidden])
         ao = linear(o2, f"{a}.o_proj", hidden, hidden, f"l{i}_o")
@@ -235,8 +269,14 @@ def llama(layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64, vocab=64, d
     g.node("Linear", P("lm_head", "lm_head", "aten.linear.default"), x=hn, weight=head, out=logits)
     g.outputs = [("logits", logits)]
     g.metadata = ModelInfo(
-        architecture="llama", num_layers=layers, vocab_size=vocab, hidden_size=hidden, max_context=max_context,
-        eos_token_ids=(vocab - 1,), bos_token_id=0, tokenizer="byte",
+        architecture="llama",
+        num_layers=layers,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        max_context=max_context,
+        eos_token_ids=(vocab - 1,),
+        bos_token_id=0,
+        tokenizer="byte",
         layers=tuple(LayerCacheInfo(i, kv_heads, d, d, 0) for i in range(layers)),
     )
     return g

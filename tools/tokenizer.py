@@ -3,9 +3,9 @@
 A graph file records its tokenizer in ``metadata.tokenizer``: ``"byte"`` for the built-in
 tiny models (token id = the byte's value, vocabulary 256; BOS and EOS from the metadata,
 which for the built-ins are the control bytes STX = 2 and ETX = 3, see
-exporter/builtins.py), or the Hugging Face model folder it was exported from, whose ``tokenizer.json``
-is read with the ``tokenizers`` library. ``transformers`` is not used: importing it
-imports torch, and the generate process must not run torch next to MLX's BLAS.
+exporter/builtins.py), or the Hugging Face model folder it was exported from, whose
+``tokenizer.json`` is read with the ``tokenizers`` library. ``transformers`` is not used:
+importing it imports torch, and the generate process must not run torch next to MLX's BLAS.
 
 Text comes out through a :class:`StreamDecoder`, which only emits complete characters, so
 a multi-byte character split across tokens is printed once it is whole.
@@ -33,7 +33,9 @@ class ByteTokenizer:
 
     def __init__(self, vocab_size: int, bos: int = -1, specials=()):
         self.vocab_size, self.bos = int(vocab_size), int(bos)
-        self.specials = frozenset(int(s) for s in specials) | ({self.bos} if self.bos >= 0 else set())
+        self.specials = frozenset(int(s) for s in specials) | (
+            {self.bos} if self.bos >= 0 else set()
+        )
 
     def encode(self, text: str) -> list[int]:
         """UTF-8 bytes of ``text``, after BOS.
@@ -43,10 +45,15 @@ class ByteTokenizer:
         """
         ids = list(text.encode("utf-8"))
         if ids and max(ids) >= self.vocab_size:
-            raise TokenizerError(f"byte {max(ids)} of the prompt is outside the model's vocabulary of {self.vocab_size}")
+            raise TokenizerError(
+                f"byte {max(ids)} of the prompt is outside the model's vocabulary of "
+                f"{self.vocab_size}"
+            )
         clash = sorted(self.specials.intersection(ids))
         if clash:
-            raise TokenizerError(f"the prompt contains byte {clash[0]}, which this model uses as a special token")
+            raise TokenizerError(
+                f"the prompt contains byte {clash[0]}, which this model uses as a special token"
+            )
         return ([self.bos] if self.bos >= 0 else []) + ids
 
     def stream_decoder(self) -> "StreamDecoder":
@@ -69,7 +76,9 @@ class HFTokenizer:
         folder = Path(folder)
         path = folder / "tokenizer.json"
         if not path.is_file():
-            raise TokenizerError(f"{folder}: no tokenizer.json (the graph's tokenizer folder); use --prompt-ids")
+            raise TokenizerError(
+                f"{folder}: no tokenizer.json (the graph's tokenizer folder); use --prompt-ids"
+            )
         try:
             from tokenizers import Tokenizer
 
@@ -175,7 +184,9 @@ def load_tokenizer(metadata, graph_path=None):
     if not folder.is_absolute() and not folder.is_dir() and graph_path is not None:
         folder = Path(graph_path).parent / folder
     if not folder.is_dir():
-        raise TokenizerError(f"the graph's tokenizer folder {kind} does not exist here; use --prompt-ids")
+        raise TokenizerError(
+            f"the graph's tokenizer folder {kind} does not exist here; use --prompt-ids"
+        )
     return HFTokenizer(folder, metadata.bos_token_id)
 
 
@@ -189,4 +200,11 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
 
 
-__all__ = ["ByteTokenizer", "HFTokenizer", "StreamDecoder", "TokenizerError", "load_tokenizer", "printable"]
+__all__ = [
+    "ByteTokenizer",
+    "HFTokenizer",
+    "StreamDecoder",
+    "TokenizerError",
+    "load_tokenizer",
+    "printable",
+]

@@ -16,8 +16,14 @@ from mlxgraph.tools.output import fail, json_header_for, print_json
 def add_arguments(parser) -> None:
     """Declare verify's arguments."""
     parser.add_argument("file", metavar="GRAPH.mlxg", help="the graph file")
-    parser.add_argument("--deep", action="store_true", help="also hash every constant and compare with its recorded hash")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON (docs/json-output.md)")
+    parser.add_argument(
+        "--deep",
+        action="store_true",
+        help="also hash every constant and compare with its recorded hash",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the result as JSON (docs/json-output.md)"
+    )
 
 
 def _mb(n: int) -> str:
@@ -48,10 +54,21 @@ def run(args) -> int:
             except BufferError:  # a view still alive (e.g. in a traceback): the GC unmaps it
                 pass
     if args.json:
-        print_json({**json_header_for(report.format_version), "file": args.file, "valid": True,
-                    "deep": args.deep, "producer": report.producer, "nodes": report.nodes,
-                    "tensors": report.tensors, "constants": report.constants, "bytes": report.bytes,
-                    "flatbuffer_bytes": report.flatbuffer_bytes, "constant_bytes": report.constant_bytes})
+        print_json(
+            {
+                **json_header_for(report.format_version),
+                "file": args.file,
+                "valid": True,
+                "deep": args.deep,
+                "producer": report.producer,
+                "nodes": report.nodes,
+                "tensors": report.tensors,
+                "constants": report.constants,
+                "bytes": report.bytes,
+                "flatbuffer_bytes": report.flatbuffer_bytes,
+                "constant_bytes": report.constant_bytes,
+            }
+        )
         return 0
     print(f"{args.file}: valid (format {report.format_version}, {report.nodes} nodes, "
           f"{report.constants} constants, {_mb(report.bytes)} MB)")

@@ -22,7 +22,9 @@ RESULT_PREFIX = "RESULT "
 def parse_args(argv=None) -> argparse.Namespace:
     """--model PATH --prompt-ids 1,2,3 --new-tokens N --runs R --warmup-tokens W."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True, help="HF folder (mlx-lm, transformers) or .mlxg (mlxgraph)")
+    ap.add_argument(
+        "--model", required=True, help="HF folder (mlx-lm, transformers) or .mlxg (mlxgraph)"
+    )
     ap.add_argument("--prompt-ids", required=True)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)

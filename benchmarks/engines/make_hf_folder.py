@@ -1,6 +1,7 @@
 """Write a local Hugging Face Llama folder with seeded random weights (a torch process).
 
-    python benchmarks/engines/make_hf_folder.py OUT_DIR --config '{"hidden_size": 256, ...}' [--seed 0]
+    python benchmarks/engines/make_hf_folder.py OUT_DIR \
+        --config '{"hidden_size": 256, ...}' [--seed 0]
 
 The weights come from transformers' own initialisation under ``torch.manual_seed``. The
 config carries ``rope_theta`` both under ``rope_parameters`` (how transformers 5 reads
@@ -27,7 +28,9 @@ def build(out: Path, config: dict, seed: int) -> None:
     model.save_pretrained(out)
     path = out / "config.json"
     saved = json.loads(path.read_text())
-    theta = (saved.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta", 10000.0))
+    theta = (saved.get("rope_parameters") or {}).get(
+        "rope_theta", config.get("rope_theta", 10000.0)
+    )
     saved["rope_theta"] = theta
     saved.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": theta})
     path.write_text(json.dumps(saved, indent=2))

@@ -1,6 +1,7 @@
 """Benchmark process: greedy generation with transformers (torch eager, its default cache).
 
-    python benchmarks/engines/transformers_engine.py --model FOLDER --prompt-ids 1,2,3 --new-tokens 128
+    python benchmarks/engines/transformers_engine.py --model FOLDER --prompt-ids 1,2,3 \
+        --new-tokens 128
 
 No BLAS preload here (torch brings its own, and OpenBLAS's threads would slow it). A
 streamer timestamps each new token; EOS is switched off so exactly N tokens come out.
@@ -34,14 +35,18 @@ def main() -> int:
             pass
 
     def once(prompt, n, timer):
-        config = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+        config = GenerationConfig(
+            max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
         ids = torch.tensor([prompt], dtype=torch.long)
         with torch.inference_mode():
             model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
                            streamer=Stamp(timer))
 
     doc = run_all(once, args)
-    doc.update(engine="transformers", blas=f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
+    doc.update(
+        engine="transformers", blas=f"torch {torch.__version__} ({torch.get_num_threads()} threads)"
+    )
     emit(doc)
     return 0
 

@@ -16,5 +16,13 @@ def update_and_attend(ctx, node):
     if not isinstance(layer_id, int) or not isinstance(scale, int | float):
         raise LoweringError("layer_id and scale must be static numbers")
     code = None if out_dtype is None else torch_dtype_code(out_dtype)
-    return ctx.emit_out("UpdateAndAttend", q=ctx.slot(q), k=ctx.slot(k), v=ctx.slot(v),
-                        position=ctx.slot(position), layer_id=layer_id, scale=float(scale), out_dtype=code)
+    return ctx.emit_out(
+        "UpdateAndAttend",
+        q=ctx.slot(q),
+        k=ctx.slot(k),
+        v=ctx.slot(v),
+        position=ctx.slot(position),
+        layer_id=layer_id,
+        scale=float(scale),
+        out_dtype=code,
+    )

@@ -20,8 +20,13 @@ def arange(ctx, node):
     else:
         start, end = node.args[0], node.args[1]
         step = node.args[2] if len(node.args) > 2 else node.kwargs.get("step", 1)
-    return ctx.emit_out("Arange", start=ctx.operand(start), end=ctx.operand(end), step=ctx.operand(step),
-                        dtype=_out_dtype(ctx, node))
+    return ctx.emit_out(
+        "Arange",
+        start=ctx.operand(start),
+        end=ctx.operand(end),
+        step=ctx.operand(step),
+        dtype=_out_dtype(ctx, node),
+    )
 
 
 def _number(v) -> float:
@@ -34,7 +39,9 @@ def _number(v) -> float:
 def full(ctx, node):
     """A tensor of one value."""
     shape, value = node.args[0], node.args[1]
-    return ctx.emit_out("Full", shape=ctx.operands(shape), value=_number(value), dtype=_out_dtype(ctx, node))
+    return ctx.emit_out(
+        "Full", shape=ctx.operands(shape), value=_number(value), dtype=_out_dtype(ctx, node)
+    )
 
 
 @register(aten.scalar_tensor.default)

@@ -54,22 +54,42 @@ def clamp(ctx, node):
     for b in (lo, hi):
         if b is not None and not isinstance(b, int | float):
             raise LoweringError("clamp bounds must be numbers")
-    return ctx.emit_out("Clamp", x=ctx.slot(node.args[0]),
-                        min=None if lo is None else float(lo), max=None if hi is None else float(hi))
+    return ctx.emit_out(
+        "Clamp",
+        x=ctx.slot(node.args[0]),
+        min=None if lo is None else float(lo),
+        max=None if hi is None else float(hi),
+    )
 
 
 _BINARY = {
-    aten.mul.Tensor: "Mul", aten.mul.Scalar: "Mul",
-    aten.div.Tensor: "Div", aten.div.Scalar: "Div",
-    aten.pow.Tensor_Scalar: "Pow", aten.pow.Tensor_Tensor: "Pow", aten.pow.Scalar: "Pow",
-    aten.maximum.default: "Maximum", aten.minimum.default: "Minimum",
-    aten.remainder.Tensor: "Remainder", aten.remainder.Scalar: "Remainder",
-    aten.eq.Tensor: "Equal", aten.eq.Scalar: "Equal", aten.ne.Tensor: "NotEqual", aten.ne.Scalar: "NotEqual",
-    aten.lt.Tensor: "Less", aten.lt.Scalar: "Less", aten.le.Tensor: "LessEqual", aten.le.Scalar: "LessEqual",
-    aten.gt.Tensor: "Greater", aten.gt.Scalar: "Greater", aten.ge.Tensor: "GreaterEqual",
+    aten.mul.Tensor: "Mul",
+    aten.mul.Scalar: "Mul",
+    aten.div.Tensor: "Div",
+    aten.div.Scalar: "Div",
+    aten.pow.Tensor_Scalar: "Pow",
+    aten.pow.Tensor_Tensor: "Pow",
+    aten.pow.Scalar: "Pow",
+    aten.maximum.default: "Maximum",
+    aten.minimum.default: "Minimum",
+    aten.remainder.Tensor: "Remainder",
+    aten.remainder.Scalar: "Remainder",
+    aten.eq.Tensor: "Equal",
+    aten.eq.Scalar: "Equal",
+    aten.ne.Tensor: "NotEqual",
+    aten.ne.Scalar: "NotEqual",
+    aten.lt.Tensor: "Less",
+    aten.lt.Scalar: "Less",
+    aten.le.Tensor: "LessEqual",
+    aten.le.Scalar: "LessEqual",
+    aten.gt.Tensor: "Greater",
+    aten.gt.Scalar: "Greater",
+    aten.ge.Tensor: "GreaterEqual",
     aten.ge.Scalar: "GreaterEqual",
-    aten.logical_and.default: "LogicalAnd", aten.logical_or.default: "LogicalOr",
-    aten.bitwise_and.Tensor: "LogicalAnd", aten.bitwise_or.Tensor: "LogicalOr",
+    aten.logical_and.default: "LogicalAnd",
+    aten.logical_or.default: "LogicalOr",
+    aten.bitwise_and.Tensor: "LogicalAnd",
+    aten.bitwise_or.Tensor: "LogicalOr",
 }
 _BOOL_ONLY = {aten.bitwise_and.Tensor, aten.bitwise_or.Tensor}
 
@@ -90,7 +110,9 @@ def div_mode(ctx, node):
     """Division with rounding_mode None, 'trunc' or 'floor'."""
     mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
     rounding = {None: 0, "trunc": 1, "floor": 2}[mode]
-    return ctx.emit_out("Div", a=ctx.operand(node.args[0]), b=ctx.operand(node.args[1]), rounding=rounding)
+    return ctx.emit_out(
+        "Div", a=ctx.operand(node.args[0]), b=ctx.operand(node.args[1]), rounding=rounding
+    )
 
 
 @register(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, aten.rsub.Scalar)
@@ -104,7 +126,9 @@ def add_sub(ctx, node):
         if rb.is_literal:
             rb = Operand.literal(rb.python_value() * alpha)
         else:
-            rb = ctx.emit_out("Mul", val=ctx.val(b), name=f"{node.name}_alpha", a=rb, b=Operand.literal(alpha))
+            rb = ctx.emit_out(
+                "Mul", val=ctx.val(b), name=f"{node.name}_alpha", a=rb, b=Operand.literal(alpha)
+            )
             rb = Operand.tensor(rb.index)
     ra = ctx.operand(a)
     if node.target == aten.rsub.Scalar:

@@ -21,8 +21,13 @@ def linear(ctx, node):
 def rms_norm(ctx, node):
     """x * rsqrt(mean(x^2, -1) + eps) * (weight + offset), in float32."""
     x, weight, eps, offset = node.args
-    return ctx.emit_out("RmsNorm", x=ctx.slot(x), weight=None if weight is None else ctx.slot(weight),
-                        eps=float(eps), weight_offset=float(offset))
+    return ctx.emit_out(
+        "RmsNorm",
+        x=ctx.slot(x),
+        weight=None if weight is None else ctx.slot(weight),
+        eps=float(eps),
+        weight_offset=float(offset),
+    )
 
 
 @register(fused_rope)

@@ -33,7 +33,9 @@ def to_copy(ctx, node):
 def _same_shape(ctx, a, b) -> bool:
     sa, sb = ctx.shape(a), ctx.shape(b)
     return len(sa) == len(sb) and all(
-        (x == y) if isinstance(x, int) and isinstance(y, int) else str(x) == str(y) for x, y in zip(sa, sb, strict=True))
+        (x == y) if isinstance(x, int) and isinstance(y, int) else str(x) == str(y)
+        for x, y in zip(sa, sb, strict=True)
+    )
 
 
 @register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
@@ -130,7 +132,9 @@ def cat(ctx, node):
     tensors = node.args[0]
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
     rank = len(ctx.shape(node))
-    kept = [t for t in tensors if not (len(ctx.shape(t)) == 1 and ctx.shape(t)[0] == 0 and rank != 1)]
+    kept = [
+        t for t in tensors if not (len(ctx.shape(t)) == 1 and ctx.shape(t)[0] == 0 and rank != 1)
+    ]
     if len(kept) == 1:
         return ctx.lookup(kept[0])
     return ctx.emit_out("Concat", inputs=[ctx.slot(t) for t in kept], axis=dim % rank)
@@ -144,7 +148,9 @@ def squeeze(ctx, node):
     rank = len(shape)
     dims = node.args[1] if len(node.args) > 1 else list(range(rank))
     dims = [dims] if isinstance(dims, int) else list(dims)
-    axes = sorted({d % rank for d in dims if isinstance(shape[d % rank], int) and shape[d % rank] == 1})
+    axes = sorted(
+        {d % rank for d in dims if isinstance(shape[d % rank], int) and shape[d % rank] == 1}
+    )
     if not axes:
         return ctx.lookup(x)
     return ctx.emit_out("Squeeze", x=ctx.slot(x), axes=axes)

@@ -24,8 +24,14 @@ def mm(ctx, node):
 def addmm(ctx, node):
     """beta * bias + alpha * (a @ b)."""
     bias, a, b = node.args
-    return ctx.emit_out("Addmm", bias=ctx.slot(bias), a=ctx.slot(a), b=ctx.slot(b),
-                        alpha=float(node.kwargs.get("alpha", 1)), beta=float(node.kwargs.get("beta", 1)))
+    return ctx.emit_out(
+        "Addmm",
+        bias=ctx.slot(bias),
+        a=ctx.slot(a),
+        b=ctx.slot(b),
+        alpha=float(node.kwargs.get("alpha", 1)),
+        beta=float(node.kwargs.get("beta", 1)),
+    )
 
 
 @register(aten.embedding.default)
@@ -43,8 +49,13 @@ def _take(ctx, node, x, axis: int, index):
         return ctx.emit_out("Embedding", weight=ctx.slot(x), indices=ctx.slot(index))
     rank, k = len(ctx.shape(x)), len(ctx.shape(index))
     front = [axis] + [d for d in range(rank) if d != axis]
-    moved = ctx.emit_out("Permute", val=ctx.val(x).permute(front), name=f"{node.name}_front", x=ctx.slot(x),
-                         perm=front)
+    moved = ctx.emit_out(
+        "Permute",
+        val=ctx.val(x).permute(front),
+        name=f"{node.name}_front",
+        x=ctx.slot(x),
+        perm=front,
+    )
     rows_val = ctx.val(x).movedim(axis, 0)[ctx.val(index)]
     rows = ctx.emit_out("Embedding", val=rows_val, name=f"{node.name}_rows", weight=moved.index,
                         indices=ctx.slot(index))

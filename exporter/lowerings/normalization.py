@@ -19,7 +19,9 @@ def native_layer_norm(ctx, node):
     """
     x, normalized_shape, weight, bias, eps = node.args
     if len(normalized_shape) != 1:
-        raise LoweringError(f"layer norm over {len(normalized_shape)} axes (only the last axis is supported)")
+        raise LoweringError(
+            f"layer norm over {len(normalized_shape)} axes (only the last axis is supported)"
+        )
     y = ctx.emit_out("LayerNorm", val=ctx.val(node)[0], name=node.name, x=ctx.slot(x),
                      weight=None if weight is None else ctx.slot(weight),
                      bias=None if bias is None else ctx.slot(bias), eps=float(eps))

@@ -65,8 +65,12 @@ def max_dim(ctx, node):
     keepdim = bool(node.args[2] if len(node.args) > 2 else False)
     axis = _axes(ctx, x, dim)[0]
     vals, idx = ctx.val(node)
-    values = ctx.emit_out("Max", val=vals, name=f"{node.name}_values", x=ctx.slot(x), axes=[axis], keepdims=keepdim)
-    indices = ctx.emit_out("Argmax", val=idx, name=f"{node.name}_indices", x=ctx.slot(x), axis=axis, keepdims=keepdim)
+    values = ctx.emit_out(
+        "Max", val=vals, name=f"{node.name}_values", x=ctx.slot(x), axes=[axis], keepdims=keepdim
+    )
+    indices = ctx.emit_out(
+        "Argmax", val=idx, name=f"{node.name}_indices", x=ctx.slot(x), axis=axis, keepdims=keepdim
+    )
     return [values, indices]
 
 
@@ -81,6 +85,8 @@ def softmax(ctx, node):
 def log_softmax(ctx, node):
     """log(softmax(x)) as Softmax then Log (no node of its own in the format)."""
     x, dim = node.args[0], node.args[1]
-    sm = ctx.emit_out("Softmax", name=f"{node.name}_softmax", x=ctx.slot(x), axis=_axes(ctx, x, dim)[0])
+    sm = ctx.emit_out(
+        "Softmax", name=f"{node.name}_softmax", x=ctx.slot(x), axis=_axes(ctx, x, dim)[0]
+    )
     return ctx.emit_out("Log", x=sm.index)
 

@@ -19,7 +19,9 @@ def topk(ctx, node):
     if not isinstance(k, int):
         raise LoweringError(f"topk with a runtime k ({k}): only a static k is supported")
     axis = dim % len(ctx.shape(x))
-    outs = [ctx.new_tensor(val=v, name=f"{node.name}_{part}") for v, part in zip(ctx.val(node), ("values", "indices"),
-                                                                                   strict=True)]
+    outs = [
+        ctx.new_tensor(val=v, name=f"{node.name}_{part}")
+        for v, part in zip(ctx.val(node), ("values", "indices"), strict=True)
+    ]
     ctx.emit("TopK", x=ctx.slot(x), outs=outs, k=k, axis=axis, largest=bool(largest))
     return [Slot(o) for o in outs]

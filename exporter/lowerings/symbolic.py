@@ -23,9 +23,13 @@ def sym_size(ctx, node):
 
 # target -> (graph SymOp, the same operation on Python ints for literal operands)
 _ARITH = {
-    operator.add: (SymOp.add, operator.add), operator.sub: (SymOp.sub, operator.sub),
-    operator.mul: (SymOp.mul, operator.mul), operator.floordiv: (SymOp.floordiv, operator.floordiv),
-    operator.mod: (SymOp.mod, operator.mod), torch.sym_max: (SymOp.max, max), torch.sym_min: (SymOp.min, min),
+    operator.add: (SymOp.add, operator.add),
+    operator.sub: (SymOp.sub, operator.sub),
+    operator.mul: (SymOp.mul, operator.mul),
+    operator.floordiv: (SymOp.floordiv, operator.floordiv),
+    operator.mod: (SymOp.mod, operator.mod),
+    torch.sym_max: (SymOp.max, max),
+    torch.sym_min: (SymOp.min, min),
 }
 
 

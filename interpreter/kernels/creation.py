@@ -47,7 +47,13 @@ def full(shape, out=None, value=0, dtype=None):
     """
     sizes = [static_int(s, "Full", f"shape[{i}]") for i, s in enumerate(shape)]
     if dtype is None:
-        dtype = mx.bool_ if isinstance(value, bool) else mx.int64 if isinstance(value, int) else mx.float32
+        dtype = (
+            mx.bool_
+            if isinstance(value, bool)
+            else mx.int64
+            if isinstance(value, int)
+            else mx.float32
+        )
     if dtype == mx.bool_:
         value = bool(value)
     elif not mx.issubdtype(dtype, mx.floating) and float(value).is_integer():

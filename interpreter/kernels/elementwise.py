@@ -131,7 +131,11 @@ def _half_result(a, b):
 
 def _f32(v):
     """A half-precision array as float32; other arrays and Python numbers as they are."""
-    return v.astype(mx.float32) if isinstance(v, mx.array) and v.dtype in (mx.float16, mx.bfloat16) else v
+    return (
+        v.astype(mx.float32)
+        if isinstance(v, mx.array) and v.dtype in (mx.float16, mx.bfloat16)
+        else v
+    )
 
 
 _ROUNDING = {

@@ -120,7 +120,9 @@ def split(x, outs=None, axis=0, sizes=()):
     """
     ax = _axis(axis, x.ndim, "Split")
     if sum(sizes) != x.shape[ax]:
-        raise ValueError(f"Split: sizes {list(sizes)} do not add up to axis {axis} of size {x.shape[ax]}")
+        raise ValueError(
+            f"Split: sizes {list(sizes)} do not add up to axis {axis} of size {x.shape[ax]}"
+        )
     cuts, at = [], 0
     for s in sizes[:-1]:
         at += s

@@ -24,7 +24,9 @@ def top_k(x, outs=None, k=None, axis=None, largest=True):
     ax = axis % x.ndim
     size = x.shape[ax]
     if not 0 <= k <= size:
-        raise ValueError(f"TopK: k={k} outside [0, {size}] for axis {axis} of shape {tuple(x.shape)}")
+        raise ValueError(
+            f"TopK: k={k} outside [0, {size}] for axis {axis} of shape {tuple(x.shape)}"
+        )
     # Work on the last axis: an ascending argsort, then its head (smallest) or its tail
     # read backwards (largest). Reversing rather than sorting -x keeps unsigned and
     # boolean inputs correct.

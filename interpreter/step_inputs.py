@@ -1,0 +1,107 @@
+"""A step's inputs, checked and bound before anything runs: tokens, positions, graph inputs.
+
+Each function takes ``fail(reason) -> SessionError`` (the session's, naming the file), so
+every rejection reads the same and leaves the session untouched.
+"""
+
+import mlx.core as mx
+import numpy as np
+
+from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
+
+
+def plan_inputs(graph) -> list:
+    """(name, slot, mx dtype or None, [(axis, int size or Symbol)]) for each graph input."""
+    plan = []
+    for name, slot in graph.inputs.items():
+        t = graph.tensors[slot]
+        dims = []
+        for axis, d in enumerate(t.shape):
+            if isinstance(d, str):
+                sym = next(s for s in graph.symbols if s.name == d)
+                dims.append((axis, sym))
+            else:
+                dims.append((axis, d))
+        plan.append((name, slot, to_mx_dtype(t.dtype) if t.dtype else None, dims))
+    return plan
+
+
+def checked_tokens(tokens, vocab: int, fail):
+    """Token ids, checked to be integers and (on the host) inside the vocabulary.
+
+    An out-of-range id would index past the embedding table and silently give garbage.
+    Token arrays already in MLX, such as a sampler's lazy output, are not read back: that
+    would force an evaluation.
+
+    Raises:
+        SessionError: not integers, or an id outside [0, vocab).
+    """
+    if isinstance(tokens, mx.array):
+        if not mx.issubdtype(tokens.dtype, mx.integer):
+            raise fail(f"tokens must be integers, got {tokens.dtype}")
+        return tokens
+    arr = np.asarray(tokens)
+    if arr.dtype.kind not in "iu":
+        raise fail(f"tokens must be integers, got {arr.dtype}")
+    if arr.size and (arr.min() < 0 or (vocab and arr.max() >= vocab)):
+        bad = arr[(arr < 0) | (arr >= vocab)] if vocab else arr[arr < 0]
+        raise fail(f"token id {int(bad.reshape(-1)[0])} is outside the vocabulary [0, {vocab})")
+    return arr
+
+
+def host_positions(positions, length: int, fail) -> list:
+    """The step's positions as host ints; they must be ``length .. length + T - 1``.
+
+    Raises:
+        SessionError: not integers, empty, or not where the cache ends.
+    """
+    if isinstance(positions, range):
+        pos = list(positions)  # what generation loops pass: no numpy round trip
+    else:
+        if isinstance(positions, mx.array):
+            positions = np.array(positions)
+        arr = np.asarray(positions)
+        if arr.size and arr.dtype.kind not in "iu":
+            # 3.9 is not position 3: a float (or bool) position is a caller's bug.
+            raise fail(f"positions must be integers, got {arr.dtype}")
+        pos = [int(p) for p in arr.reshape(-1)]
+    if not pos:
+        raise fail("a step needs at least one token")
+    if pos != list(range(length, length + len(pos))):
+        raise fail(f"positions {pos[0]}..{pos[-1]} disagree with the cache: the next step must "
+                   f"start at position {length} and be consecutive")
+    return pos
+
+
+def bind_inputs(plan, given: dict, tensors: list, values: list, fail) -> None:
+    """Place each graph input in its tensor slot and each symbolic size in its value slot.
+
+    Raises:
+        SessionError: a missing input, a wrong rank or size, a size outside the graph's
+            bounds, or two inputs disagreeing on one symbol.
+    """
+    bound = {}
+    for name, slot, dtype, dims in plan:
+        if name not in given:
+            raise fail(f"the graph needs input {name!r}; step() gives tokens and positions")
+        arr = given[name]
+        arr = arr if isinstance(arr, mx.array) else mx.array(np.asarray(arr))
+        if dtype is not None and arr.dtype != dtype:
+            arr = arr.astype(dtype)
+        if arr.ndim != len(dims):
+            raise fail(f"input {name}: expected {len(dims)} dims, got shape {tuple(arr.shape)}")
+        for axis, d in dims:
+            size = arr.shape[axis]
+            if isinstance(d, int):
+                if size != d:
+                    raise fail(f"input {name}: axis {axis} must be {d}, got {size}")
+                continue
+            if size < d.min or (d.max is not None and size > d.max):
+                raise fail(f"input {name}: {d.name}={size} outside the graph's bounds "
+                           f"[{d.min}, {d.max}]")
+            if bound.setdefault(d.name, size) != size:
+                raise fail(f"input {name}: {d.name}={size} disagrees with {bound[d.name]} "
+                           "from another input")
+            if d.value is not None:
+                values[d.value] = size
+        tensors[slot] = arr
