@@ -1,8 +1,8 @@
 """mlxgraph: PyTorch language models as portable graph files, run on MLX.
 
-The public entry point is :func:`load`; see DESIGN section 4 for the API. Importing this
-package imports neither mlx nor torch (so a fast BLAS can still be preloaded first); the
-error types below are resolved on first use.
+The public entry point is :func:`load`; docs/architecture.md#python-api describes the
+API. Importing this package imports neither mlx nor torch (so a fast BLAS can still be
+preloaded first); the error types below are resolved on first use.
 """
 
 __version__ = "0.1.0"

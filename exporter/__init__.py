@@ -1,7 +1,7 @@
 """mlxgraph.exporter: PyTorch (Hugging Face) decoders to .mlxg graph files.
 
 ``export(model_folder_or_builtin_name, out_path, dtype="float32", max_seq_len=2048)``
-is the entry point (see DESIGN section 5). Needs torch and transformers (the ``export``
+is the entry point (docs/architecture.md#export). Needs torch and transformers (the ``export``
 extra); never imports the interpreter.
 """
 

@@ -6,7 +6,7 @@ attention over a mask. The name is deliberately *not* registered with
 ``AttentionMaskInterface``: for an implementation that has no mask function, transformers'
 mask builders return ``None`` before emitting any op (not even the packed-sequence
 detection they run otherwise), so the exported graph holds no mask computation and the
-cache alone decides the mask (DESIGN section 3).
+cache alone decides the mask (docs/architecture.md#the-attention-contract).
 
 :class:`DecoderAdapter` wraps a ``*ForCausalLM`` as ``forward(tokens [1, T], positions
 [T]) -> logits [1, T, vocab]``, called with ``use_cache=False`` and explicit position ids.

@@ -2,7 +2,8 @@
 
 The op is functional from torch's point of view (it mutates no tensor argument), so an
 exported graph holds no cache tensors: the cache is off-graph state keyed by
-``layer_id`` (DESIGN section 3). Tracing uses the fake kernel (shape and dtype only).
+``layer_id`` (docs/architecture.md#the-attention-contract). Tracing uses the fake
+kernel (shape and dtype only).
 The eager kernel appends K/V to a module-level reference cache and runs masked attention,
 so a model rewritten to call this op still runs in torch and serves as an oracle.
 
