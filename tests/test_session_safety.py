@@ -19,7 +19,8 @@ def tiny(tmp_path_factory):
 
 
 def _matches(session, oracle, toks):
-    got = session.step(mx.array(np.array([toks], dtype=np.int32)), range(session.length, session.length + len(toks)))
+    start = session.length
+    got = session.step(mx.array(np.array([toks], dtype=np.int32)), range(start, start + len(toks)))
     want = oracle.step(np.array(toks))
     got = np.array(got).reshape(want.shape)
     return np.abs(got - want).max() <= 2e-4 * max(1.0, np.abs(want).max())
