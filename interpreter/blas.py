@@ -70,10 +70,8 @@ def _file_of(symbol) -> str:
     """The real path of the library that defines a ctypes function ('' if unknown)."""
     try:
         info = _DlInfo()
-        if (
-            ctypes.CDLL(None).dladdr(ctypes.cast(symbol, ctypes.c_void_p), ctypes.byref(info))
-            and info.dli_fname
-        ):
+        if (ctypes.CDLL(None).dladdr(ctypes.cast(symbol, ctypes.c_void_p), ctypes.byref(info))
+            and info.dli_fname):
             return os.path.realpath(info.dli_fname.decode())
     except (AttributeError, OSError):
         pass

@@ -40,6 +40,29 @@ class StoreState:
 
     kind = "store"
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the committed buffers (k + v, including unused slots)."""
+        if self._keys is None:
+            return 0
+        return self._keys.nbytes + self._values.nbytes
+
+    def preallocation_elements(self) -> int:
+        """Elements of k + v a preallocated store holds (batch 1, every slot; packed uint32
+        words for a quantized store)."""
+        return self._slots * self.geometry.kv_heads * sum(self._codec.widths)
+
+    @property
+    def tokens_held(self) -> int:
+        """Number of positions whose k/v the store holds."""
+        return self.length - self._oldest
+
+    @property
+    def bytes_per_token(self) -> float:
+        """``nbytes / tokens_held`` (0.0 when empty): slack of a preallocated store shows."""
+        held = self.tokens_held
+        return self.nbytes / held if held else 0.0
+
     def fork(self):
         """An independent store with the same committed history (buffers shared until written).
 

@@ -108,7 +108,8 @@ class KVStore(StoreState):
         compute = k.dtype
         dtype = self._dtype if self._dtype is not None else compute
         codec = self._codec
-        keys, values, mask, self._staged = self._stage(codec.encode(k, dtype), codec.encode(v, dtype), dtype)
+        keys, values, mask, self._staged = self._stage(codec.encode(k, dtype),
+                                                       codec.encode(v, dtype), dtype)
         return codec.decode(keys, 0, compute), codec.decode(values, 1, compute), mask
 
     def commit(self) -> None:
@@ -162,29 +163,6 @@ class KVStore(StoreState):
             return self.length
         # A rewound position L needs keys L-window+1 .. L-1, so oldest <= L-window+1.
         return self.length - (self._oldest + self.window - 1)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the committed buffers (k + v, including unused slots)."""
-        if self._keys is None:
-            return 0
-        return self._keys.nbytes + self._values.nbytes
-
-    def preallocation_elements(self) -> int:
-        """Elements of k + v a preallocated store holds (batch 1, every slot; packed uint32
-        words for a quantized store)."""
-        return self._slots * self.geometry.kv_heads * sum(self._codec.widths)
-
-    @property
-    def tokens_held(self) -> int:
-        """Number of positions whose k/v the store holds."""
-        return self.length - self._oldest
-
-    @property
-    def bytes_per_token(self) -> float:
-        """``nbytes / tokens_held`` (0.0 when empty): slack of a preallocated store shows."""
-        held = self.tokens_held
-        return self.nbytes / held if held else 0.0
 
     @property
     def state(self) -> tuple[mx.array, ...]:

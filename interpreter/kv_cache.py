@@ -12,7 +12,15 @@ from mlxgraph.interpreter.cache_store import FlatStore, KVStore, RingStore
 from mlxgraph.interpreter.cache_types import CacheError, CachePolicy, LayerGeometry
 from mlxgraph.interpreter.kv_codec import quantization_problem
 
-__all__ = ["CacheError", "CachePolicy", "FlatStore", "KVStore", "LayerGeometry", "RingStore", "make_store"]
+__all__ = [
+    "CacheError",
+    "CachePolicy",
+    "FlatStore",
+    "KVStore",
+    "LayerGeometry",
+    "RingStore",
+    "make_store",
+]
 
 _STORAGE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
@@ -41,14 +49,17 @@ def make_store(geometry: LayerGeometry, policy: CachePolicy) -> KVStore:
         if getattr(g, name) < 1:
             raise CacheError(f"{where}: {name} must be >= 1, got {getattr(g, name)}")
     if g.sliding_window < 0 or p.window < 0:
-        raise CacheError(f"{where}: windows must be >= 0 (0 = full), got {g.sliding_window}, {p.window}")
+        raise CacheError(f"{where}: windows must be >= 0 (0 = full), got {g.sliding_window}, "
+                         f"{p.window}")
     if p.max_step < 1:
         raise CacheError(f"{where}: max_step must be >= 1, got {p.max_step}")
     if p.kv_dtype is not None and p.kv_dtype not in _STORAGE_DTYPES:
-        raise CacheError(f"{where}: kv_dtype must be None, float32, float16 or bfloat16, got {p.kv_dtype}")
+        raise CacheError(f"{where}: kv_dtype must be None, float32, float16 or bfloat16, got "
+                         f"{p.kv_dtype}")
     if p.kv_bits:
         if p.kv_dtype is not None:
-            raise CacheError(f"{where}: kv_bits={p.kv_bits} stores codes, it cannot also take kv_dtype {p.kv_dtype}")
+            raise CacheError(f"{where}: kv_bits={p.kv_bits} stores codes, it cannot also take "
+                             f"kv_dtype {p.kv_dtype}")
         problem = quantization_problem((g.head_dim, g.v_head_dim), p.kv_bits, p.kv_group_size)
         if problem:
             raise CacheError(f"{where}: {problem}")

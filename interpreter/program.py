@@ -88,8 +88,16 @@ class Program:
         Raises:
             SessionError: a bad override. CacheError: a cache policy a store cannot honour.
         """
-        return Session(self, capacity=capacity, kv_dtype=kv_dtype, windows=windows,
-                       preallocate=preallocate, max_step=max_step, kv_bits=kv_bits, kv_group_size=kv_group_size)
+        return Session(
+            self,
+            capacity=capacity,
+            kv_dtype=kv_dtype,
+            windows=windows,
+            preallocate=preallocate,
+            max_step=max_step,
+            kv_bits=kv_bits,
+            kv_group_size=kv_group_size,
+        )
 
     def __repr__(self) -> str:
         name = Path(self.path).name if self.path else "<bytes>"

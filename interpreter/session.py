@@ -10,32 +10,28 @@ import threading
 from numbers import Integral
 
 import mlx.core as mx
-import numpy as np
 
 from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
 from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, LayerGeometry, make_store
-from mlxgraph.interpreter.memory import allocatable_bytes
 from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
 from mlxgraph.interpreter.node_plan import TENSOR, TENSOR_LIST, VALUE
+from mlxgraph.interpreter.session_options import (
+    MAX_CAPACITY,
+    check_preallocation,
+    count_option,
+    window_per_layer,
+)
 from mlxgraph.interpreter.session_state import SessionState
+from mlxgraph.interpreter.step_context import StepContext
+from mlxgraph.interpreter.step_inputs import (
+    bind_inputs,
+    checked_tokens,
+    host_positions,
+    plan_inputs,
+)
+from mlxgraph.schema.spec import op_spec
 
 DEFAULT_CAPACITY = 4096
-# MLX array dimensions are 32-bit: a cache longer than this cannot be allocated.
-MAX_CAPACITY = 2**31 - 1
-
-
-class StepContext:
-    """What stateful kernels see of the running step: the session's KV stores (positions
-    are not here: the session checked them against the stores before the step began)."""
-
-    __slots__ = ("stores",)
-
-    def __init__(self, stores):
-        self.stores = stores
-
-    def store(self, layer_id):
-        """The KV store of ``layer_id``."""
-        return self.stores[layer_id]
 
 
 class Session(SessionState):
@@ -68,80 +64,37 @@ class Session(SessionState):
             process can allocate.
     """
 
-    def __init__(self, program, capacity=None, kv_dtype=None, windows=None, preallocate=False, max_step=None,
-                 kv_bits=0, kv_group_size=64):
+    def __init__(self, program, capacity=None, kv_dtype=None, windows=None, preallocate=False,
+                 max_step=None, kv_bits=0, kv_group_size=64):
         self.program = program
         self._lock = threading.Lock()
         self._thread = threading.get_ident()
-        self._options = {"capacity": capacity, "kv_dtype": kv_dtype, "windows": windows, "preallocate": preallocate,
-                         "max_step": max_step, "kv_bits": kv_bits, "kv_group_size": kv_group_size}
+        self._options = {"capacity": capacity, "kv_dtype": kv_dtype, "windows": windows,
+                         "preallocate": preallocate, "max_step": max_step, "kv_bits": kv_bits,
+                         "kv_group_size": kv_group_size}
         meta = program.metadata
         default = meta.max_context if 0 < meta.max_context <= MAX_CAPACITY else DEFAULT_CAPACITY
-        self.capacity = self._count("capacity", default if capacity is None else capacity)
+        self.capacity = count_option("capacity", default if capacity is None else capacity,
+                                     self._fail)
         try:
             self.kv_dtype = to_mx_dtype(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
         except KeyError:
-            raise self._fail(f"kv_dtype {kv_dtype!r} is not a dtype name (float32, float16, bfloat16)") from None
-        self.max_step = self._count("max_step", min(self.capacity, 512) if max_step is None else max_step)
-        self._windows = self._window_per_layer(windows)
+            raise self._fail(f"kv_dtype {kv_dtype!r} is not a dtype name "
+                             "(float32, float16, bfloat16)") from None
+        default_step = min(self.capacity, 512) if max_step is None else max_step
+        self.max_step = count_option("max_step", default_step, self._fail)
+        self._windows = window_per_layer(program.layers, windows, self._fail)
         self._preallocate = bool(preallocate)
         self.stores = {}
         self._reset()
         if self._preallocate:
-            self._check_preallocation()
-        self._input_plan = self._plan_inputs()
+            check_preallocation(self.stores, self.kv_dtype, self.capacity, program.path)
+        self._input_plan = plan_inputs(program.graph)
 
     def _fail(self, reason: str) -> SessionError:
         """A SessionError naming the graph file."""
         path = self.program.path
         return SessionError(f"{path if path else '<bytes>'}: {reason}")
-
-    def _count(self, name: str, value) -> int:
-        """An option that must be an int in [1, MAX_CAPACITY] (0 is not "the default")."""
-        if isinstance(value, bool) or not isinstance(value, Integral) or not 1 <= value <= MAX_CAPACITY:
-            raise self._fail(f"{name} must be an int in [1, {MAX_CAPACITY}], got {value!r}")
-        return int(value)
-
-    def _check_preallocation(self) -> None:
-        """Refuse a static cache the process cannot allocate (MLX would crash at evaluation)."""
-        itemsize = self.kv_dtype.size if self.kv_dtype is not None else 4  # compute dtype <= float32
-        need = sum(s.preallocation_elements() for s in self.stores.values()) * itemsize
-        room = allocatable_bytes()
-        if room is not None and need > room:
-            raise CacheError(f"{self.program.path or '<bytes>'}: preallocate=True needs {need / 2**30:.2f} GiB "
-                             f"for capacity {self.capacity}, more than the {room / 2**30:.2f} GiB this process "
-                             "can allocate; use a smaller capacity or a growing cache")
-
-    def _window_per_layer(self, windows) -> dict:
-        layers = self.program.layers
-        if windows is None:
-            return {lid: lc.sliding_window for lid, lc in layers.items()}
-        if isinstance(windows, Integral) and not isinstance(windows, bool):
-            windows = dict.fromkeys(layers, int(windows))
-        if not isinstance(windows, dict):
-            raise self._fail(f"windows must be an int or a {{layer_id: window}} dict, got {windows!r}")
-        unknown = set(windows) - set(layers)
-        if unknown:
-            raise self._fail(f"windows names layers {sorted(unknown, key=str)}, the graph has {sorted(layers)}")
-        for lid, w in windows.items():
-            if isinstance(w, bool) or not isinstance(w, Integral) or not 0 <= w <= MAX_CAPACITY:
-                raise self._fail(f"window of layer {lid} must be an int in [0, {MAX_CAPACITY}], got {w!r}")
-        return {lid: int(windows.get(lid, lc.sliding_window)) for lid, lc in layers.items()}
-
-    def _plan_inputs(self):
-        g = self.program.graph
-        plan = []
-        for name, slot in g.inputs.items():
-            t = g.tensors[slot]
-            dims = []
-            for axis, d in enumerate(t.shape):
-                if isinstance(d, str):
-                    sym = next(s for s in g.symbols if s.name == d)
-                    dims.append((axis, sym))
-                else:
-                    dims.append((axis, d))
-            plan.append((name, slot, to_mx_dtype(t.dtype) if t.dtype else None, dims))
-        return plan
 
     # ------------------------------------------------------------------ state
     @property
@@ -169,9 +122,10 @@ class Session(SessionState):
         for lid, lc in self.program.layers.items():
             # The geometry is the model's (its own window decides the math); the session's
             # window only decides how the store keeps history (make_store checks the two).
-            geometry = LayerGeometry(lid, lc.kv_heads, lc.head_dim, lc.v_head_dim, lc.sliding_window)
-            policy = CachePolicy(self.capacity, self.kv_dtype, self._preallocate, self._windows[lid], self.max_step,
-                                 bits, group)
+            geometry = LayerGeometry(lid, lc.kv_heads, lc.head_dim, lc.v_head_dim,
+                                     lc.sliding_window)
+            policy = CachePolicy(self.capacity, self.kv_dtype, self._preallocate,
+                                 self._windows[lid], self.max_step, bits, group)
             self.stores[lid] = make_store(geometry, policy)
         self._ctx = StepContext(self.stores)
         self._length = 0
@@ -240,8 +194,9 @@ class Session(SessionState):
                 try:
                     mx.eval(self.cache_state())
                 except RuntimeError:
-                    raise self._fail("the last step was built in another thread and is not evaluated yet; "
-                                     "evaluate it there (mx.eval(session.cache_state())) first") from None
+                    raise self._fail("the last step was built in another thread and is not "
+                                     "evaluated yet; evaluate it there "
+                                     "(mx.eval(session.cache_state())) first") from None
                 self._thread = me
         except BaseException:
             self._lock.release()
@@ -249,15 +204,13 @@ class Session(SessionState):
         return _Held(self._lock)
 
     def _step(self, tokens, positions, observer):
-        positions = self._host_positions(positions)
+        positions = host_positions(positions, self._length, self._fail)
         n_new = len(positions)
-        if not isinstance(tokens, mx.array):
-            tokens = self._host_tokens(tokens)
-        elif not mx.issubdtype(tokens.dtype, mx.integer):
-            raise self._fail(f"tokens must be integers, got {tokens.dtype}")
+        tokens = checked_tokens(tokens, self.program.metadata.vocab_size, self._fail)
         tensors = list(self.program.initial_tensors)
         values = [None] * self.program.value_count
-        self._bind_inputs({"tokens": tokens, "positions": positions}, tensors, values)
+        bind_inputs(self._input_plan, {"tokens": tokens, "positions": positions}, tensors, values,
+                    self._fail)
         begun = []
         try:
             # Every store checks the step fits before any of them is written.
@@ -276,65 +229,6 @@ class Session(SessionState):
         outs = {name: tensors[slot] for name, slot in self.program.outputs.items()}
         return next(iter(outs.values())) if len(outs) == 1 else outs
 
-    def _host_tokens(self, tokens) -> np.ndarray:
-        """Host token ids, checked against the vocabulary: an out-of-range id would index
-        past the embedding table and silently give garbage. (Token arrays already in MLX,
-        such as a sampler's lazy output, are not read back: that would force an evaluation.)"""
-        arr = np.asarray(tokens)
-        if arr.dtype.kind not in "iu":
-            raise self._fail(f"tokens must be integers, got {arr.dtype}")
-        vocab = self.program.metadata.vocab_size
-        if arr.size and (arr.min() < 0 or (vocab and arr.max() >= vocab)):
-            bad = arr[(arr < 0) | (arr >= vocab)] if vocab else arr[arr < 0]
-            raise self._fail(f"token id {int(bad.reshape(-1)[0])} is outside the vocabulary [0, {vocab})")
-        return arr
-
-    def _host_positions(self, positions) -> list:
-        if isinstance(positions, range):
-            pos = list(positions)  # what generation loops pass: no numpy round trip
-        else:
-            if isinstance(positions, mx.array):
-                positions = np.array(positions)
-            arr = np.asarray(positions)
-            if arr.size and arr.dtype.kind not in "iu":
-                # 3.9 is not position 3: a float (or bool) position is a caller's bug.
-                raise self._fail(f"positions must be integers, got {arr.dtype}")
-            pos = [int(p) for p in arr.reshape(-1)]
-        if not pos:
-            raise self._fail("a step needs at least one token")
-        want = list(range(self._length, self._length + len(pos)))
-        if pos != want:
-            raise self._fail(
-                f"positions {pos[0]}..{pos[-1]} disagree with the cache: the next step must start at "
-                f"position {self._length} and be consecutive"
-            )
-        return pos
-
-    def _bind_inputs(self, given, tensors, values):
-        bound = {}
-        for name, slot, dtype, dims in self._input_plan:
-            if name not in given:
-                raise self._fail(f"the graph needs input {name!r}; step() gives tokens and positions")
-            arr = given[name]
-            arr = arr if isinstance(arr, mx.array) else mx.array(np.asarray(arr))
-            if dtype is not None and arr.dtype != dtype:
-                arr = arr.astype(dtype)
-            if arr.ndim != len(dims):
-                raise self._fail(f"input {name}: expected {len(dims)} dims, got shape {tuple(arr.shape)}")
-            for axis, d in dims:
-                size = arr.shape[axis]
-                if isinstance(d, int):
-                    if size != d:
-                        raise self._fail(f"input {name}: axis {axis} must be {d}, got {size}")
-                    continue
-                if size < d.min or (d.max is not None and size > d.max):
-                    raise self._fail(f"input {name}: {d.name}={size} outside the graph's bounds [{d.min}, {d.max}]")
-                if bound.setdefault(d.name, size) != size:
-                    raise self._fail(f"input {name}: {d.name}={size} disagrees with {bound[d.name]} from another input")
-                if d.value is not None:
-                    values[d.value] = size
-            tensors[slot] = arr
-
     def _run(self, tensors, values, observer):
         ctx = self._ctx
         for node in self.program.nodes:
@@ -347,7 +241,8 @@ class Session(SessionState):
                 elif how == TENSOR_LIST:
                     kw[name] = [tensors[i] for i in where]
                 else:  # OPERAND_LIST: tensors, runtime ints and literals mixed
-                    kw[name] = [tensors[w] if h == TENSOR else values[w] if h == VALUE else w for h, w in where]
+                    kw[name] = [tensors[w] if h == TENSOR else values[w] if h == VALUE else w
+                                for h, w in where]
             if node.needs_context:
                 kw["ctx"] = ctx
             try:
@@ -370,11 +265,12 @@ class Session(SessionState):
 
     def _node_error(self, node, e: Exception) -> Exception:
         """A kernel's exception, located: the file, node index, op and source."""
-        rec = node.record
+        rec, op = node.record, op_spec(node.record.op).short_name
         if isinstance(e, CacheError):
             # Still a CacheError (the step is rejected, nothing changed), now located.
-            return CacheError(f"{self.program.path or '<bytes>'}: node {node.index} ({rec.op[:-4]}): {e}")
-        return GraphRuntimeError(self.program.path, node.index, rec.op[:-4], rec.provenance, f"{type(e).__name__}: {e}")
+            return CacheError(f"{self.program.path or '<bytes>'}: node {node.index} ({op}): {e}")
+        return GraphRuntimeError(self.program.path, node.index, op, rec.provenance,
+                                 f"{type(e).__name__}: {e}")
 
 
 class _Held:
