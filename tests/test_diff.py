@@ -171,19 +171,27 @@ def test_alignment_is_fast_on_thousands_of_nodes(tmp_path):
     from mlxgraph.tools.graph_diff import diff_graphs
     from mlxgraph.tools.output import open_checked
 
-    a, b = tmp_path / "a.mlxg", tmp_path / "b.mlxg"
-    kw = dict(layers=64, hidden=8, heads=2, kv_heads=1, intermediate=8, vocab=16, decomposed=True)
-    synthetic.llama(**kw).write(a)
-    synthetic.llama(insert_extra=True, **kw).write(b, order_seed=1)
-    ga, gb = open_checked(a), open_checked(b)
-    assert len(ga.nodes) > 3000
-    t0 = time.perf_counter()
-    doc = diff_graphs(ga, gb)
-    elapsed = time.perf_counter() - t0
-    assert [n["change"] for n in doc["nodes"]] == ["inserted"] and doc["summary"]["aligned"] == len(
-        ga.nodes
-    )
-    assert elapsed < 2.0, elapsed  # a quadratic alignment takes far longer at this size
+    def timed(layers):
+        a, b = tmp_path / f"a{layers}.mlxg", tmp_path / f"b{layers}.mlxg"
+        kw = dict(layers=layers, hidden=8, heads=2, kv_heads=1, intermediate=8, vocab=16,
+                  decomposed=True)
+        synthetic.llama(**kw).write(a)
+        synthetic.llama(insert_extra=True, **kw).write(b, order_seed=1)
+        ga, gb = open_checked(a), open_checked(b)
+        best = float("inf")
+        for _ in range(2):
+            t0 = time.perf_counter()
+            doc = diff_graphs(ga, gb)
+            best = min(best, time.perf_counter() - t0)
+        assert [n["change"] for n in doc["nodes"]] == ["inserted"]
+        assert doc["summary"]["aligned"] == len(ga.nodes)
+        return len(ga.nodes), best
+
+    (n_small, small), (n_big, big) = timed(32), timed(64)
+    assert n_big > 3000
+    # A ratio in one run, not a wall-clock bound (shared machines are noisy): twice the
+    # nodes in about twice the time; a quadratic alignment would take ~4x.
+    assert big / small < 3.0, (n_small, small, n_big, big)
 
 
 def test_unreadable_file_exit_2(capsys, base, tmp_path):

@@ -214,14 +214,22 @@ def _layered(layers: int) -> GraphWriter:
     return w
 
 
-def test_thousands_of_nodes_verify_well_under_a_second(tmp_path):
-    w = _layered(150)
-    assert len(w.nodes) > 3000 and len(w.tensors) > 3000
-    w.write(tmp_path / "big.mlxg")
-    data = (tmp_path / "big.mlxg").read_bytes()
+def _best_verify_seconds(w, path) -> float:
+    w.write(path)
+    data = path.read_bytes()
     times = []
     for _ in range(3):
         t0 = time.perf_counter()
         verify_buffer(data)
         times.append(time.perf_counter() - t0)
-    assert min(times) < 0.5, times
+    return min(times)
+
+
+def test_verification_scales_linearly_to_thousands_of_nodes(tmp_path):
+    """Twice the nodes take about twice the time (a ratio in one run, not a wall-clock bound:
+    timings on a shared machine are noisy; benchmarks/tools_bench.py has the figures)."""
+    big = _layered(150)
+    assert len(big.nodes) > 3000 and len(big.tensors) > 3000
+    small = _best_verify_seconds(_layered(75), tmp_path / "small.mlxg")
+    ratio = _best_verify_seconds(big, tmp_path / "big.mlxg") / small
+    assert ratio < 3.0, ratio  # quadratic work would give ~4
