@@ -223,9 +223,8 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
-    print(
-        f"model: {graph.name} (~150M params, float32), context {args.context} tokens, BLAS {blas.name}"
-    )
+    print(f"model: {graph.name} (~150M params, float32), context {args.context} tokens, "
+          f"BLAS {blas.name}")
     print(
         f"fork          {fork['fork_seconds'] * 1e3:8.3f} ms   (copying every buffer: "
         f"{fork['copy_all_buffers_seconds'] * 1e3:.1f} ms, {fork['copy_over_fork']:.0f}x the fork)"
@@ -241,9 +240,8 @@ def main(argv=None) -> int:
         f"restore       {saved['restore_seconds']:8.3f} s    (prefill of the same tokens: "
         f"{saved['prefill_seconds']:.1f} s, {saved['prefill_over_restore']:.0f}x the restore)"
     )
-    print(
-        "KV storage    bytes/token  vs float32  logits max err / range  greedy agreement (256 tokens)"
-    )
+    print("KV storage    bytes/token  vs float32  logits max err / range  "
+          "greedy agreement (256 tokens)")
     for name, q in quant.items():
         label = name if name == "float32" else f"{name}-bit"
         print(

@@ -35,10 +35,13 @@ def add_arguments(p) -> None:
     src.add_argument("--prompt-ids", help="prompt token ids, comma-separated (e.g. 1,2,3)")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                    help=f"most tokens to generate (default {DEFAULT_MAX_TOKENS})")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 "
+                                                                  "samples")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 "
+                                                        "= off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
-    p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: random, reported)")
+    p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: "
+                                                          "random, reported)")
     p.add_argument("--capacity", type=int, default=None,
                    help="KV cache capacity in tokens (default: the graph's max context)")
     p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
@@ -58,8 +61,10 @@ def add_arguments(p) -> None:
                    help="reuse FILE's KV cache when its history is a prefix of the prompt; "
                         "then save the "
                         "prompt's cache to FILE")
-    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's EOS tokens")
-    p.add_argument("--json", action="store_true", help="print one JSON document at the end, no streaming")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="do not stop at the model's EOS tokens")
+    p.add_argument("--json", action="store_true", help="print one JSON document at the end, no "
+                                                       "streaming")
 
 
 def _check_args(args) -> None:
@@ -167,7 +172,8 @@ def _run(args, blas) -> int:
     stream = None if args.json else (tokenizer.stream_decoder() if tokenizer else None)
     out = sys.stdout
     if not args.json:
-        out.write(printable(args.prompt) if args.prompt is not None else _echo_ids(tokenizer, prompt_ids))
+        prompt_text = printable(args.prompt) if args.prompt is not None else None
+        out.write(prompt_text if prompt_text is not None else _echo_ids(tokenizer, prompt_ids))
         out.flush()
     tokens = []
     reused = cache_report.reused_tokens if cache_report else 0
@@ -217,7 +223,8 @@ def _run(args, blas) -> int:
     source = program.metadata.extra.get("source", "")
     if source.startswith("tiny-"):
         # The built-ins are for trying the pipeline: say why their text reads as noise.
-        print(f"model        {source}: seeded random weights, so the text is noise; export a Hugging Face "
+        print(f"model        {source}: seeded random weights, so the text is noise; export a "
+              "Hugging Face "
               "model folder for real text", file=sys.stderr)
     return 0
 
@@ -238,8 +245,8 @@ def _echo_ids(tokenizer, ids) -> str:
 
 def _stats_doc(stats, blas, sampler, mx) -> dict:
     return {
-        "sampling": {"temperature": sampler.temperature, "top_k": sampler.top_k, "top_p": sampler.top_p,
-                     "seed": None if sampler.greedy else sampler.seed},
+        "sampling": {"temperature": sampler.temperature, "top_k": sampler.top_k,
+                     "top_p": sampler.top_p, "seed": None if sampler.greedy else sampler.seed},
         "stats": {
             "prompt_tokens": stats.prompt_tokens,
             "generated_tokens": stats.generated_tokens,
@@ -249,7 +256,8 @@ def _stats_doc(stats, blas, sampler, mx) -> dict:
             "decode_tokens_per_second": stats.decode_tps,
             "peak_memory_bytes": int(mx.get_peak_memory()),
             "peak_rss_bytes": peak_rss_bytes(),
-            "blas": {"name": blas.name, "path": blas.path, "preloaded": blas.preloaded, "detail": blas.detail},
+            "blas": {"name": blas.name, "path": blas.path, "preloaded": blas.preloaded,
+                     "detail": blas.detail},
         },
     }
 
@@ -259,10 +267,12 @@ def _print_stats(stats, doc, blas, err) -> None:
     seed = doc["sampling"]["seed"]
     mode = "greedy" if seed is None else f"sampled, seed {seed}"
     print("-" * 60, file=err)
-    print(f"prompt     {stats.prompt_tokens:6d} tokens   prefill {stats.prefill_tps:9.1f} tok/s", file=err)
+    print(f"prompt     {stats.prompt_tokens:6d} tokens   prefill {stats.prefill_tps:9.1f} tok/s",
+          file=err)
     print(f"generated  {stats.generated_tokens:6d} tokens   decode  {stats.decode_tps:9.1f} tok/s"
           f"   ({mode}; stopped: {stats.stop_reason.replace('_', ' ')})", file=err)
-    print(f"peak memory  {human_bytes(s['peak_memory_bytes'])} MLX, {human_bytes(s['peak_rss_bytes'])} process RSS",
+    print(f"peak memory  {human_bytes(s['peak_memory_bytes'])} MLX, "
+          f"{human_bytes(s['peak_rss_bytes'])} process RSS",
           file=err)
     print(f"BLAS         {blas.describe()}", file=err)
 
