@@ -14,13 +14,12 @@ While it runs, each attention call records its layer's cache geometry (kv heads,
 dims, sliding window as the model itself passes it), which becomes the graph's metadata.
 """
 
-import threading
-import weakref
+from contextvars import ContextVar
 
 import torch
 from transformers import AttentionInterface
 
-from mlxgraph.exporter.attention_op import reference_cache, update_and_attend
+from mlxgraph.exporter.attention_op import ReferenceCache, update_and_attend, using_reference_cache
 from mlxgraph.schema.records import LayerCacheInfo
 
 ATTN_IMPLEMENTATION = "mlxgraph"
@@ -28,12 +27,24 @@ ATTN_IMPLEMENTATION = "mlxgraph"
 # (see use_export_friendly_experts).
 EXPERTS_IMPLEMENTATION = "batched_mm"
 
-# The step being run: positions as [T, 1] and the geometry seen so far. Thread-local so
-# two adapters used from different threads do not see each other's step.
-_state = threading.local()
-# adapter -> {layer_id: LayerCacheInfo}. Kept outside the module because torch.export
-# restores a module's Python attributes after tracing, which would drop what was recorded.
-_GEOMETRY = weakref.WeakKeyDictionary()
+
+class TraceRecord:
+    """What one adapter records across its forwards: each layer's cache geometry
+    ({layer_id: LayerCacheInfo}) and the eager reference cache.
+
+    One object owned by one adapter (one export). torch.export restores a module's plain
+    attributes (dicts, numbers) after tracing, which would drop what was recorded; it
+    keeps this object, whose contents it does not touch.
+    """
+
+    def __init__(self):
+        self.layers = {}
+        self.reference_cache = ReferenceCache()
+
+
+# The forward being run: (positions as [T, 1], its adapter's TraceRecord). A context
+# variable, so adapters running in other threads never see each other's step.
+_STEP: ContextVar = ContextVar("mlxgraph_adapter_step", default=None)
 
 
 class AdapterError(Exception):
@@ -47,9 +58,10 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     Raises:
         AdapterError: called outside a DecoderAdapter, or softcapping / a custom mask asked for.
     """
-    position = getattr(_state, "position", None)
-    if position is None:
+    step = _STEP.get()
+    if step is None:
         raise AdapterError("the mlxgraph attention runs only inside DecoderAdapter.forward")
+    position, record = step
     layer_id = getattr(module, "layer_idx", None)
     if layer_id is None:
         raise AdapterError(f"{type(module).__name__} has no layer_idx to key its cache by")
@@ -64,12 +76,12 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     info = LayerCacheInfo(
         layer_id, int(key.shape[1]), int(key.shape[-1]), int(value.shape[-1]), window
     )
-    seen = _state.layers.setdefault(layer_id, info)
+    seen = record.layers.setdefault(layer_id, info)
     if seen != info:
         raise AdapterError(
             f"{where} is called twice with different cache geometry: {seen} vs {info}"
         )
-    reference_cache.windows[layer_id] = window
+    record.reference_cache.windows[layer_id] = window
     out = torch.ops.mlxgraph.update_and_attend(query, key, value, position, layer_id, scale, None)
     return out.transpose(1, 2), None
 
@@ -96,22 +108,27 @@ class DecoderAdapter(torch.nn.Module):
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
         use_export_friendly_experts(model)
         self.model = model
-        _GEOMETRY[self] = {}
+        self.record = TraceRecord()
 
     def forward(self, tokens, positions):
         """Run one step; also records each attention layer's geometry (see layer_infos)."""
-        _state.position = positions.reshape(-1, 1)
-        _state.layers = _GEOMETRY[self]
+        token = _STEP.set((positions.reshape(-1, 1), self.record))
         try:
-            out = self.model(input_ids=tokens, position_ids=positions.unsqueeze(0), use_cache=False)
+            with using_reference_cache(self.record.reference_cache):
+                out = self.model(input_ids=tokens, position_ids=positions.unsqueeze(0),
+                                 use_cache=False)
         finally:
-            _state.position = None
+            _STEP.reset(token)
         return out.logits
 
     def layer_infos(self) -> tuple:
         """The geometry recorded by the last forward, ordered by layer_id."""
-        layers = _GEOMETRY[self]
+        layers = self.record.layers
         return tuple(layers[k] for k in sorted(layers))
+
+    def reset_reference_cache(self) -> None:
+        """Forget the eager reference cache's history (keeps the recorded windows)."""
+        self.record.reference_cache.reset()
 
 
 def use_export_friendly_experts(model) -> None:
@@ -131,17 +148,12 @@ def use_export_friendly_experts(model) -> None:
     model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
 
 
-def reset_reference_cache() -> None:
-    """Forget the eager reference cache's history (keeps the recorded windows)."""
-    reference_cache.reset()
-
-
 __all__ = [
     "DecoderAdapter",
     "AdapterError",
     "ATTN_IMPLEMENTATION",
     "EXPERTS_IMPLEMENTATION",
-    "reset_reference_cache",
+    "TraceRecord",
     "update_and_attend",
     "use_export_friendly_experts",
 ]

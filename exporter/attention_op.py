@@ -3,18 +3,24 @@
 The op is functional from torch's point of view (it mutates no tensor argument), so an
 exported graph holds no cache tensors: the cache is off-graph state keyed by
 ``layer_id`` (docs/architecture.md#the-attention-contract). Tracing uses the fake
-kernel (shape and dtype only).
-The eager kernel appends K/V to a module-level reference cache and runs masked attention,
-so a model rewritten to call this op still runs in torch and serves as an oracle.
+kernel (shape and dtype only). The eager kernel appends K/V to the active reference
+cache and runs masked attention, so a model rewritten to call this op still runs in torch
+and serves as an oracle. The active cache is a context variable, set by its owner (one
+``DecoderAdapter``, one export) around each forward: two exports in one process, or in
+two threads, never share history.
 
 Mask rule of the reference (the same one Hugging Face applies): a query at absolute
 position p sees a cached key at position s when s <= p and, for a layer with a sliding
 window W > 0, p - s < W.
 """
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 
-__all__ = ["update_and_attend", "reference_cache", "ReferenceCache"]
+__all__ = ["update_and_attend", "ReferenceCache", "using_reference_cache",
+           "active_reference_cache"]
 
 
 class ReferenceCache:
@@ -49,7 +55,30 @@ class ReferenceCache:
         return k, v, pos
 
 
-reference_cache = ReferenceCache()
+_ACTIVE: ContextVar = ContextVar("mlxgraph_reference_cache", default=None)
+
+
+@contextmanager
+def using_reference_cache(cache: ReferenceCache):
+    """Run the op's eager kernel against ``cache`` inside the ``with`` block (this context only)."""
+    token = _ACTIVE.set(cache)
+    try:
+        yield cache
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active_reference_cache() -> ReferenceCache:
+    """The reference cache the eager kernel writes to now.
+
+    Raises:
+        RuntimeError: the op ran eagerly outside ``using_reference_cache`` (or an adapter).
+    """
+    cache = _ACTIVE.get()
+    if cache is None:
+        raise RuntimeError("mlxgraph::update_and_attend ran eagerly with no reference cache: "
+                           "call it inside DecoderAdapter.forward or using_reference_cache()")
+    return cache
 
 
 @torch.library.custom_op("mlxgraph::update_and_attend", mutates_args=())
@@ -72,7 +101,8 @@ def update_and_attend(
     Returns:
         [B, Hq, T, Dv] in out_dtype.
     """
-    keys, values, kpos = reference_cache.append(layer_id, k, v, position)
+    cache = active_reference_cache()
+    keys, values, kpos = cache.append(layer_id, k, v, position)
     qpos = position.reshape(-1).to(torch.long)
     b, hq, t, _ = q.shape
     hkv = keys.shape[1]
@@ -83,7 +113,7 @@ def update_and_attend(
     qf = q.float().reshape(b, hkv, group * t, q.shape[-1])
     scores = (qf @ keys.float().transpose(-1, -2)) * scale          # [B, Hkv, G*T, S]
     visible = kpos[None, :] <= qpos[:, None]                          # [T, S]
-    window = reference_cache.windows.get(layer_id, 0)
+    window = cache.windows.get(layer_id, 0)
     if window > 0:
         visible = visible & (qpos[:, None] - kpos[None, :] < window)
     visible = visible.repeat(group, 1)                                # [G*T, S]

@@ -9,9 +9,14 @@ the usual 0.02 a random model's logits are nearly flat and greedy decoding colla
 into a loop of one or two tokens, which makes a poor demo and a weak test.
 """
 
+import threading
+
 import torch
 
 BYTE_BOS, BYTE_EOS = 2, 3
+# transformers initialises weights from torch's global generator: two builds in two
+# threads at once would interleave their draws, so builds take turns.
+_BUILD_LOCK = threading.Lock()
 
 _COMMON = dict(
     vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
@@ -63,12 +68,13 @@ def build_model(config, seed: int = 0):
     """A ``*ForCausalLM`` for ``config`` with weights drawn from a seeded generator (eval mode)."""
     from transformers import AutoModelForCausalLM
 
-    state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config)
-    finally:
-        torch.random.set_rng_state(state)
+    with _BUILD_LOCK:
+        state = torch.random.get_rng_state()
+        try:
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config)
+        finally:
+            torch.random.set_rng_state(state)
     return model.eval()
 
 

@@ -14,7 +14,9 @@ import torch
 from mlxgraph.exporter.adapter import AdapterError, DecoderAdapter
 from mlxgraph.exporter.builtins import BUILTINS, builtin_model
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
+from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.records import ModelInfo
+from mlxgraph.schema.spec import op_spec
 from mlxgraph.schema.writer import GraphWriter
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -239,8 +241,14 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
     writer = GraphWriter(producer=f"mlxgraph exporter (torch {torch.__version__})")
     lowered = step("lowering", lambda: lower_program(ep, writer, output_names=("logits",)))
     writer.metadata = model_info(m, adapter, source, max_seq_len, dtype)
-    sizes = step("writing", lambda: writer.write(out_path))
-    ops = Counter(n.op[:-4] if n.op.endswith("Node") else n.op for n in writer.nodes)
+    try:
+        # Verified before it takes out_path's place: an export reports success only for a
+        # file that loads.
+        sizes = step("writing", lambda: writer.write(out_path, verify=True))
+    except GraphFormatError as e:
+        raise ExportError(f"{out_path}: the graph written does not verify, so it was not "
+                          f"kept: {e}") from e
+    ops = Counter(op_spec(n.op).short_name for n in writer.nodes)
     return {
         "path": str(out_path),
         "model": source["source"],

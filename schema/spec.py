@@ -43,6 +43,16 @@ class FieldSpec:
         return "attr"
 
     @property
+    def required(self) -> bool:
+        """Present in every valid table: marked (required), or an ``= null`` scalar that is
+        neither (optional) nor (nullable). A deprecated field is never required."""
+        attrs = self.attributes
+        if "deprecated" in attrs:
+            return False
+        nullable = "optional" in attrs or "nullable" in attrs
+        return "required" in attrs or (self.default == "null" and not nullable)
+
+    @property
     def accessor(self) -> str:
         """The generated bindings' accessor name (snake_case -> UpperCamel)."""
         return upper_camel(self.name)

@@ -109,12 +109,7 @@ def table_plans() -> dict:
 
 
 def _field_plan(schema, plans, structs, table, f) -> FieldPlan:
-    attrs = f.attributes
-    nullable = "optional" in attrs or "nullable" in attrs
-    # A deprecated field is no longer written, so it can never be required.
-    required = "deprecated" not in attrs and (
-        "required" in attrs or (f.default == "null" and not nullable)
-    )
+    required = f.required
     ftype = schema.types.get(f.type)
     vi = 2 + f.slot
     enum = _enum_info(ftype) if ftype is not None and ftype.kind == "enum" else None

@@ -23,8 +23,10 @@ from mlxgraph.schema.format import (
     align_up,
     content_hash,
 )
+from mlxgraph.schema.reader import map_file
 from mlxgraph.schema.records import ModelInfo, NodeRecord, Operand, Provenance
 from mlxgraph.schema.spec import op_spec
+from mlxgraph.schema.verifier import verify_buffer
 
 
 class GraphWriter:
@@ -115,22 +117,31 @@ class GraphWriter:
             fields: the table's fields (see NodeRecord).
         Raises:
             KeyError: unknown op or field.
+            ValueError: a required field is missing (the file would not load).
         """
         spec = op_spec(op)
         known = {f.name for f in spec.table.fields}
         unknown = set(fields) - known
         if unknown:
             raise KeyError(f"{spec.name} has no field(s) {sorted(unknown)}")
+        missing = [f.name for f in spec.table.fields if f.required and fields.get(f.name) is None]
+        if missing:
+            raise ValueError(f"{spec.name} needs field(s) {missing}")
         record = NodeRecord(spec.name, dict(fields), provenance or Provenance())
         self.nodes.append(record)
         return record
 
     # ------------------------------------------------------------------ output
-    def write(self, path) -> dict:
+    def write(self, path, verify: bool = False) -> dict:
         """Write the file; returns {'bytes', 'flatbuffer_bytes', 'constant_bytes'}.
 
+        Args:
+            path: where to write (through ``path.partial``, renamed into place when done).
+            verify: verify the written file (structure and semantics, not the hashes)
+                before it takes ``path``'s place; an invalid file is deleted, never left.
         Raises:
             ValueError: the FlatBuffer part would exceed 2 GiB.
+            GraphFormatError: ``verify`` and the written file is not a valid graph file.
         """
         # The root records where the constant segment starts, which depends on the size
         # of the FlatBuffer itself: build once to learn the size, then again for real
@@ -154,6 +165,8 @@ class GraphWriter:
                 assert f.tell() == offset
                 f.write(memoryview(data).cast("B"))
                 f.write(b"\0" * (align_up(offset + nbytes) - offset - nbytes))
+        if verify:
+            _verify_written(tmp, path)
         os.replace(tmp, path)
         return {"bytes": cursor, "flatbuffer_bytes": len(buf), "constant_bytes": segment_length}
 
@@ -192,6 +205,19 @@ class GraphWriter:
         if len(out) > MAX_FLATBUFFER_BYTES:
             raise ValueError("graph structure exceeds 2 GiB")
         return bytes(out)
+
+
+def _verify_written(tmp: Path, path: Path) -> None:
+    """Verify the file just written at ``tmp`` (errors name ``path``); delete it if invalid."""
+    data = map_file(tmp)
+    try:
+        verify_buffer(data, path=path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        if hasattr(data, "close"):
+            data.close()
 
 
 __all__ = ["GraphWriter", "Operand", "Provenance", "ALIGNMENT"]
