@@ -22,8 +22,9 @@ import time
 import mlx.core as mx
 
 from mlxgraph.interpreter.attention import attend
-from mlxgraph.interpreter.kv_cache import CachePolicy, LayerGeometry, make_store
+from mlxgraph.interpreter.kv_cache import CachePolicy, make_store
 from mlxgraph.schema.format import format_version
+from mlxgraph.schema.records import LayerCacheInfo
 from mlxgraph.tools.output import json_header_for
 
 CONTEXTS = (256, 1024, 4096, 8192)
@@ -59,7 +60,7 @@ class Flat(Cache):
     def __init__(self, dtype, capacity: int, preallocate: bool):
         self.name = "flat-static" if preallocate else "flat-dynamic"
         policy = CachePolicy(capacity=capacity, kv_dtype=dtype, preallocate=preallocate)
-        self.store = make_store(LayerGeometry(0, HKV, D, D, 0), policy)
+        self.store = make_store(LayerCacheInfo(0, HKV, D, D, 0), policy)
 
     def step(self, q, k, v):
         out = attend(q, *self.store.update(k, v), SCALE, q.dtype)

@@ -51,7 +51,9 @@ def build_exported(folder: Path, dtype: str) -> Path:
 
 def build_synthetic(folder: Path, dtype: str, order_seed=None) -> Path:
     """Write the geometry with GraphWriter (order_seed renumbers every slot)."""
-    from mlxgraph.tools.synthetic import llama
+    # The synthetic builder is test support (tests/synthetic_graphs.py), not the package.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from synthetic_graphs import llama
 
     g = GEOMETRY
     out = (

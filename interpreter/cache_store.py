@@ -29,8 +29,9 @@ from mlxgraph.interpreter.cache_layout import (
     write_slots,
 )
 from mlxgraph.interpreter.cache_state import StoreState
-from mlxgraph.interpreter.cache_types import CacheError, CachePolicy, LayerGeometry
+from mlxgraph.interpreter.cache_types import CacheError, CachePolicy
 from mlxgraph.interpreter.kv_codec import make_codec
+from mlxgraph.schema.records import LayerCacheInfo
 
 _FIRST_ALLOC = 256  # dynamic stores start here (or at the first step's size) and double
 
@@ -44,7 +45,7 @@ class KVStore(StoreState):
         window: attention window the store applies (0 = full history).
     """
 
-    def __init__(self, geometry: LayerGeometry, policy: CachePolicy, slots: int, window: int):
+    def __init__(self, geometry: LayerCacheInfo, policy: CachePolicy, slots: int, window: int):
         self.geometry = geometry
         self.policy = policy
         self.window = window

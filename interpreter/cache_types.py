@@ -1,4 +1,7 @@
-"""Value types of the KV cache: the error, a layer's geometry and a session's policy."""
+"""Value types of the KV cache: the error and a session's policy.
+
+A layer's geometry is the graph file's own record, schema.records.LayerCacheInfo.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +12,6 @@ import mlx.core as mx
 
 class CacheError(ValueError):
     """A step, trim or policy a store cannot honour; the store is left unchanged."""
-
-
-@dataclass(frozen=True)
-class LayerGeometry:
-    """Shape facts of one attention layer, from the graph file's metadata."""
-
-    layer_id: int
-    kv_heads: int
-    head_dim: int
-    v_head_dim: int
-    sliding_window: int  # 0 = full attention
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,16 @@ from __future__ import annotations
 import mlx.core as mx
 
 from mlxgraph.interpreter.cache_store import FlatStore, KVStore, RingStore
-from mlxgraph.interpreter.cache_types import CacheError, CachePolicy, LayerGeometry
+from mlxgraph.interpreter.cache_types import CacheError, CachePolicy
 from mlxgraph.interpreter.kv_codec import quantization_problem
+from mlxgraph.schema.records import LayerCacheInfo
 
 __all__ = [
     "CacheError",
     "CachePolicy",
     "FlatStore",
     "KVStore",
-    "LayerGeometry",
+    "LayerCacheInfo",
     "RingStore",
     "make_store",
 ]
@@ -25,7 +26,7 @@ __all__ = [
 _STORAGE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
 
-def make_store(geometry: LayerGeometry, policy: CachePolicy) -> KVStore:
+def make_store(geometry: LayerCacheInfo, policy: CachePolicy) -> KVStore:
     """Create the store a policy asks for, for one layer.
 
     Args:

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from mlxgraph.interpreter.kernels import get_kernel
 from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
 from mlxgraph.schema.errors import GraphFormatError
-from mlxgraph.schema.spec import op_spec
+from mlxgraph.schema.spec import FieldKind, op_spec
 
-# How an input field is read at run time.
-TENSOR, VALUE, LITERAL, TENSOR_LIST, OPERAND_LIST = range(5)
+# An Operand's source: a tensor slot, a value slot, or a literal (kept as a Python number).
+_OPERAND_SOURCES = {"tensor": FieldKind.TENSOR, "value": FieldKind.VALUE}
 
 
 @dataclass(frozen=True)
@@ -24,24 +24,29 @@ class ResolvedNode:
     record: object          # the NodeRecord (for errors, observers, tools)
     fn: object
     needs_context: bool
-    tensor_reads: tuple  # (field name, tensor slot): the common input, read on the fast path
-    reads: tuple  # every other input: (field name, how, where), how in VALUE..OPERAND_LIST
-    fixed: dict             # attributes and output-slot fields, passed as they are
-    out_kind: str           # 'tensor' | 'tensors' | 'value'
+    tensor_reads: tuple     # (field name, tensor slot): the common input, on the fast path
+    reads: tuple            # every other input: (field name, FieldKind, where); see below
+    fixed: dict             # attributes (and literal operands), passed as they are
+    out_kind: FieldKind     # OUT, OUT_LIST or VALUE_OUT
     out_slots: tuple        # tensor or value slots written
     out_dtypes: tuple       # declared mx dtype per written tensor slot (None = keep)
 
 
-def _operand_read(op):
-    if op.kind == "tensor":
-        return TENSOR, op.index
-    if op.kind == "value":
-        return VALUE, op.index
-    return LITERAL, op.python_value()
+# reads: (name, VALUE, value slot), (name, TENSOR_LIST, (tensor slots)) or
+# (name, OPERAND_LIST, ((TENSOR | VALUE | ATTR, slot or literal), ...)).
+
+
+def _operand_read(op) -> tuple:
+    """(FieldKind.TENSOR or VALUE, slot), or (FieldKind.ATTR, the literal's Python value)."""
+    kind = _OPERAND_SOURCES.get(op.kind)
+    return (kind, op.index) if kind is not None else (FieldKind.ATTR, op.python_value())
 
 
 def resolve_node(index, record, tensor_dtypes, path) -> ResolvedNode:
     """Resolve node ``index`` (its NodeRecord) against the kernel registry.
+
+    The kernel will receive the op's inputs and attributes by field name, never its
+    output fields: where the outputs go is the session's business.
 
     Raises:
         GraphFormatError: the op has no kernel in this version.
@@ -52,51 +57,33 @@ def resolve_node(index, record, tensor_dtypes, path) -> ResolvedNode:
         raise GraphFormatError(
             f"op {spec.short_name} has no kernel in this mlxgraph", path, index, "op"
         )
-    reads, fixed = [], {}
-    out_kind, out_slots = "tensor", ()
-    for f in spec.table.fields:
-        value = record.fields.get(f.name)
-        if f.role == "in":
-            if value is None:
-                fixed[f.name] = None
-            elif f.type == "Operand" and f.is_vector:
-                reads.append((f.name, OPERAND_LIST, tuple(_operand_read(o) for o in value)))
-            elif f.type == "Operand":
-                how, where = _operand_read(value)
-                if how == LITERAL:
-                    fixed[f.name] = where
-                else:
-                    reads.append((f.name, how, where))
-            elif f.is_vector:
-                reads.append((f.name, TENSOR_LIST, tuple(value)))
+    tensor_reads, reads, fixed = [], [], {}
+    out_kind, out_slots = FieldKind.OUT, ()
+    for f in spec.fields:
+        value, kind = record.fields.get(f.name), f.kind
+        if kind.is_output:
+            out_kind = kind
+            out_slots = tuple(value) if kind is FieldKind.OUT_LIST else (value,)
+        elif value is None and kind.is_input:
+            fixed[f.name] = None  # an optional input left out
+        elif kind is FieldKind.TENSOR:
+            tensor_reads.append((f.name, value))
+        elif kind is FieldKind.OPERAND:
+            how, where = _operand_read(value)
+            if how is FieldKind.TENSOR:
+                tensor_reads.append((f.name, where))
+            elif how is FieldKind.VALUE:
+                reads.append((f.name, how, where))
             else:
-                reads.append((f.name, TENSOR, value))
-        elif f.role == "value_in":
-            reads.append((f.name, VALUE, value))
-        elif f.role in ("out", "value_out"):
-            fixed[f.name] = value
-            if f.role == "value_out":
-                out_kind, out_slots = "value", (value,)
-            elif f.is_vector:
-                out_kind, out_slots = "tensors", tuple(value)
-            else:
-                out_slots = (value,)
+                fixed[f.name] = where
+        elif kind is FieldKind.OPERAND_LIST:
+            reads.append((f.name, kind, tuple(_operand_read(o) for o in value)))
+        elif kind in (FieldKind.TENSOR_LIST, FieldKind.VALUE):
+            reads.append((f.name, kind, tuple(value) if f.is_vector else value))
         elif f.type == "DType":
             fixed[f.name] = None if value is None else to_mx_dtype(value)
         else:
             fixed[f.name] = value
-    dtypes = tuple(tensor_dtypes[s] for s in out_slots) if out_kind != "value" else ()
-    tensor_reads = tuple((name, where) for name, how, where in reads if how == TENSOR)
-    other_reads = tuple(r for r in reads if r[1] != TENSOR)
-    return ResolvedNode(
-        index,
-        record,
-        kernel.fn,
-        kernel.needs_context,
-        tensor_reads,
-        other_reads,
-        fixed,
-        out_kind,
-        out_slots,
-        dtypes,
-    )
+    dtypes = () if out_kind is FieldKind.VALUE_OUT else tuple(tensor_dtypes[s] for s in out_slots)
+    return ResolvedNode(index, record, kernel.fn, kernel.needs_context, tuple(tensor_reads),
+                        tuple(reads), fixed, out_kind, out_slots, dtypes)

@@ -12,9 +12,8 @@ from numbers import Integral
 import mlx.core as mx
 
 from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
-from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, LayerGeometry, make_store
+from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, make_store
 from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
-from mlxgraph.interpreter.node_plan import TENSOR, TENSOR_LIST, VALUE
 from mlxgraph.interpreter.session_options import (
     MAX_CAPACITY,
     check_preallocation,
@@ -29,7 +28,10 @@ from mlxgraph.interpreter.step_inputs import (
     host_positions,
     plan_inputs,
 )
-from mlxgraph.schema.spec import op_spec
+from mlxgraph.schema.spec import FieldKind, op_spec
+
+TENSOR, TENSOR_LIST, VALUE = FieldKind.TENSOR, FieldKind.TENSOR_LIST, FieldKind.VALUE
+OUT, VALUE_OUT = FieldKind.OUT, FieldKind.VALUE_OUT
 
 DEFAULT_CAPACITY = 4096
 
@@ -120,13 +122,11 @@ class Session(SessionState):
         self.stores = {}
         bits, group = int(self._options["kv_bits"] or 0), int(self._options["kv_group_size"])
         for lid, lc in self.program.layers.items():
-            # The geometry is the model's (its own window decides the math); the session's
-            # window only decides how the store keeps history (make_store checks the two).
-            geometry = LayerGeometry(lid, lc.kv_heads, lc.head_dim, lc.v_head_dim,
-                                     lc.sliding_window)
+            # The geometry is the model's own record (its window decides the math); the
+            # session's window only decides how the store keeps history (make_store checks).
             policy = CachePolicy(self.capacity, self.kv_dtype, self._preallocate,
                                  self._windows[lid], self.max_step, bits, group)
-            self.stores[lid] = make_store(geometry, policy)
+            self.stores[lid] = make_store(lc, policy)
         self._ctx = StepContext(self.stores)
         self._length = 0
 
@@ -236,12 +236,12 @@ class Session(SessionState):
             for name, slot in node.tensor_reads:
                 kw[name] = tensors[slot]
             for name, how, where in node.reads:
-                if how == VALUE:
+                if how is VALUE:
                     kw[name] = values[where]
-                elif how == TENSOR_LIST:
+                elif how is TENSOR_LIST:
                     kw[name] = [tensors[i] for i in where]
                 else:  # OPERAND_LIST: tensors, runtime ints and literals mixed
-                    kw[name] = [tensors[w] if h == TENSOR else values[w] if h == VALUE else w
+                    kw[name] = [tensors[w] if h is TENSOR else values[w] if h is VALUE else w
                                 for h, w in where]
             if node.needs_context:
                 kw["ctx"] = ctx
@@ -249,11 +249,11 @@ class Session(SessionState):
                 result = node.fn(**kw)
             except Exception as e:
                 raise self._node_error(node, e) from e
-            if node.out_kind == "value":
+            if node.out_kind is VALUE_OUT:
                 values[node.out_slots[0]] = result
                 outputs = [result]
             else:
-                outputs = [result] if node.out_kind == "tensor" else list(result)
+                outputs = [result] if node.out_kind is OUT else list(result)
                 for i, (slot, dtype) in enumerate(zip(node.out_slots, node.out_dtypes)):
                     arr = outputs[i]
                     if dtype is not None and isinstance(arr, mx.array) and arr.dtype != dtype:

@@ -6,7 +6,7 @@ order in which the writer calls them fixes the file's bytes, so they never reord
 
 from mlxgraph.generated import mlxgraph_generated as fb
 from mlxgraph.schema.records import NodeRecord
-from mlxgraph.schema.spec import load_schema, op_spec, upper_camel
+from mlxgraph.schema.spec import FieldKind, load_schema, op_spec, upper_camel
 
 _PREPEND_INT = {1: "PrependInt8", 2: "PrependInt16", 4: "PrependInt32", 8: "PrependInt64"}
 
@@ -156,7 +156,7 @@ def _scalar_vector(b, spec_name: str, f, items) -> int:
     """A vector field of scalars or Operand structs."""
     _fn(f"{spec_name}Start{f.accessor}Vector")(b, len(items))
     for item in reversed(list(items)):
-        if f.type == "Operand":
+        if f.kind is FieldKind.OPERAND_LIST:
             fb.CreateOperand(b, item.kind_code, item.index, item.number)
         elif f.type in ("float", "double"):
             (b.PrependFloat32 if f.type == "float" else b.PrependFloat64)(item)
@@ -183,7 +183,7 @@ def node(b, record: NodeRecord) -> int:
         add = _fn(f"{name}Add{f.accessor}")
         if f.is_vector:
             add(b, vectors[f.name])
-        elif f.type == "Operand":
+        elif f.kind is FieldKind.OPERAND:
             add(b, fb.CreateOperand(b, value.kind_code, value.index, value.number))
         elif f.type in ("float", "double"):
             add(b, float(value))

@@ -24,7 +24,7 @@ from mlxgraph.schema.records import (
     SymbolInfo,
     TensorInfo,
 )
-from mlxgraph.schema.spec import op_specs
+from mlxgraph.schema.spec import FieldKind, op_specs
 
 
 def _str(raw) -> str:
@@ -54,14 +54,14 @@ def decode_op_table(spec, table) -> dict:
         if f.is_vector:
             if getattr(obj, f"{f.accessor}IsNone")():
                 out[f.name] = None
-            elif f.type == "Operand":
+            elif f.kind is FieldKind.OPERAND_LIST:
                 getter = getattr(obj, f.accessor)
                 out[f.name] = [
                     decode_operand(getter(j)) for j in range(getattr(obj, f"{f.accessor}Length")())
                 ]
             else:
                 out[f.name] = [x.item() for x in getattr(obj, f"{f.accessor}AsNumpy")()]
-        elif f.type == "Operand":
+        elif f.kind is FieldKind.OPERAND:
             out[f.name] = decode_operand(getattr(obj, f.accessor)())
         else:
             out[f.name] = getattr(obj, f.accessor)()

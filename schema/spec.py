@@ -1,251 +1,99 @@
-"""A model of schema/mlxgraph.fbs, read from the .fbs itself at import time.
+"""The field model of schema/mlxgraph.fbs, read from the .fbs itself at import time.
 
-The .fbs is the single source of truth: the verifier, the generic node reader and writer,
-and the tools learn every table's layout and every op's inputs, outputs and attributes
-from this model, so adding an op means adding its table to the .fbs (and a kernel and a
-lowering), nothing here. The parser covers the subset of the FlatBuffers IDL the file uses.
+The .fbs is the single source of truth: every field of every table gets its
+:class:`FieldKind` here, once (a tensor read or written, a list of them, a value slot, an
+Operand, an attribute), and whether it is required. The program, the verifier, the
+generic reader and writer, node text and alignment all use this model, so adding an op
+means adding its table to the .fbs (and a kernel and a lowering), nothing here.
 """
 
-import re
-from dataclasses import dataclass, field
-from functools import cache
+from dataclasses import dataclass
+from enum import Enum
+from functools import cache, cached_property
 from pathlib import Path
+
+from mlxgraph.schema.idl import SCALAR_SIZES, FieldSpec, Schema, TypeSpec, parse_idl, upper_camel
 
 SCHEMA_PATH = Path(__file__).with_name("mlxgraph.fbs")
 
-SCALAR_SIZES = {
-    "bool": 1, "byte": 1, "ubyte": 1, "int8": 1, "uint8": 1,
-    "short": 2, "ushort": 2, "int16": 2, "uint16": 2,
-    "int": 4, "uint": 4, "int32": 4, "uint32": 4, "float": 4, "float32": 4,
-    "long": 8, "ulong": 8, "int64": 8, "uint64": 8, "double": 8, "float64": 8,
-}
-# The slot roles an (attribute) gives a field; anything else is a plain attribute.
-ROLES = ("in", "out", "value_in", "value_out")
 
+class FieldKind(Enum):
+    """What a table field is to a node: an input, an output or an attribute."""
 
-@dataclass
-class FieldSpec:
-    """One field of a table or struct."""
-
-    name: str
-    type: str            # element type for vectors
-    is_vector: bool
-    default: str | None  # None when not written; "null" for optional scalars
-    attributes: dict
-    slot: int = 0        # vtable slot (tables) or byte offset (structs)
+    TENSOR = "tensor"                # (in) int: a tensor slot the op reads
+    TENSOR_LIST = "tensor list"      # (in) [int]
+    OPERAND = "operand"              # Operand (in): a tensor slot, a value slot or a literal
+    OPERAND_LIST = "operand list"    # [Operand] (in)
+    VALUE = "value"                  # (value_in) int: a value slot (runtime int) the op reads
+    OUT = "out"                      # (out) int: the tensor slot the op writes
+    OUT_LIST = "out list"            # (out) [int]
+    VALUE_OUT = "value out"          # (value_out) int: the value slot the op writes
+    ATTR = "attribute"               # anything else: a static attribute
 
     @property
-    def role(self) -> str:
-        """'in', 'out', 'value_in', 'value_out' or 'attr'."""
-        for role in ROLES:
-            if role in self.attributes:
-                return role
-        return "attr"
+    def is_input(self) -> bool:
+        """Read by the op (tensor, value or operand, one or a list)."""
+        return self in _INPUTS
 
     @property
-    def required(self) -> bool:
-        """Present in every valid table: marked (required), or an ``= null`` scalar that is
-        neither (optional) nor (nullable). A deprecated field is never required."""
-        attrs = self.attributes
-        if "deprecated" in attrs:
-            return False
-        nullable = "optional" in attrs or "nullable" in attrs
-        return "required" in attrs or (self.default == "null" and not nullable)
+    def is_output(self) -> bool:
+        """Written by the op."""
+        return self in _OUTPUTS
 
     @property
-    def accessor(self) -> str:
-        """The generated bindings' accessor name (snake_case -> UpperCamel)."""
-        return upper_camel(self.name)
+    def is_value(self) -> bool:
+        """A value slot (runtime int), read or written."""
+        return self in (FieldKind.VALUE, FieldKind.VALUE_OUT)
 
 
-def upper_camel(name: str) -> str:
-    """A schema field name as flatc's Python bindings spell it: 'v_head_dim' -> 'VHeadDim'."""
-    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+_INPUTS = frozenset({FieldKind.TENSOR, FieldKind.TENSOR_LIST, FieldKind.OPERAND,
+                     FieldKind.OPERAND_LIST, FieldKind.VALUE})
+_OUTPUTS = frozenset({FieldKind.OUT, FieldKind.OUT_LIST, FieldKind.VALUE_OUT})
 
 
-@dataclass
-class TypeSpec:
-    """A table, struct, enum or union."""
+def field_kind(f: FieldSpec) -> FieldKind:
+    """The kind the .fbs gives a field: its (in)/(out)/(value_in)/(value_out) attribute,
+    its type (Operand) and whether it is a vector.
 
-    kind: str              # 'table' | 'struct' | 'enum' | 'union'
-    name: str
-    fields: list = field(default_factory=list)   # FieldSpec (table, struct)
-    values: dict = field(default_factory=dict)   # name -> int (enum, union)
-    underlying: str = ""   # enum's scalar type
-    size: int = 0          # struct byte size
-    align: int = 1         # struct alignment
-
-
-@dataclass
-class Schema:
-    """Everything the .fbs declares."""
-
-    types: dict
-    root_type: str
-    file_identifier: str
-    attributes: set
-
-    def scalar_size(self, type_name: str) -> int | None:
-        """Byte size of a scalar or enum type, or None when it is not a scalar."""
-        if type_name in SCALAR_SIZES:
-            return SCALAR_SIZES[type_name]
-        spec = self.types.get(type_name)
-        if spec is not None and spec.kind == "enum":
-            return SCALAR_SIZES[spec.underlying]
-        return None
+    Raises:
+        ValueError: a combination the model has no kind for (a value-slot vector).
+    """
+    attrs, many = f.attributes, f.is_vector
+    if "out" in attrs:
+        return FieldKind.OUT_LIST if many else FieldKind.OUT
+    if "value_out" in attrs or "value_in" in attrs:
+        if many:
+            raise ValueError(f"field {f.name}: value-slot lists are not supported")
+        return FieldKind.VALUE_OUT if "value_out" in attrs else FieldKind.VALUE
+    if "in" in attrs or f.type == "Operand":
+        if f.type == "Operand":
+            return FieldKind.OPERAND_LIST if many else FieldKind.OPERAND
+        return FieldKind.TENSOR_LIST if many else FieldKind.TENSOR
+    return FieldKind.ATTR
 
 
-_TOKEN = re.compile(
-    r'\s*(?:(//[^\n]*)|(/\*.*?\*/)|("[^"]*")|([A-Za-z_][\w.]*)|(-?[\d.]+(?:e-?\d+)?)|(\S))', re.S
-)
-
-
-def _tokenize(text: str) -> list:
-    tokens = []
-    pos = 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if not m or m.end() == pos:
-            break
-        pos = m.end()
-        if m.group(1) or m.group(2):
-            continue
-        tokens.append(next(g for g in m.groups()[2:] if g is not None))
-    return tokens
-
-
-class _Parser:
-    def __init__(self, text: str):
-        self.tokens = _tokenize(text)
-        self.i = 0
-
-    def peek(self):
-        return self.tokens[self.i] if self.i < len(self.tokens) else None
-
-    def take(self, expected=None):
-        tok = self.peek()
-        if tok is None or (expected is not None and tok != expected):
-            raise ValueError(
-                f"schema parse error near token {self.i}: expected {expected!r}, got {tok!r}"
-            )
-        self.i += 1
-        return tok
-
-    def parse(self) -> Schema:
-        types, root, ident, attrs = {}, "", "", set()
-        while self.peek() is not None:
-            word = self.take()
-            if word in ("namespace", "file_extension", "include"):
-                while self.take() != ";":
-                    pass
-            elif word == "attribute":
-                attrs.add(self.take().strip('"'))
-                self.take(";")
-            elif word == "file_identifier":
-                ident = self.take().strip('"')
-                self.take(";")
-            elif word == "root_type":
-                root = self.take()
-                self.take(";")
-            elif word in ("table", "struct"):
-                spec = self._fields(word, self.take())
-                types[spec.name] = spec
-            elif word in ("enum", "union"):
-                spec = self._enum(word)
-                types[spec.name] = spec
-            else:
-                raise ValueError(f"schema parse error: unexpected {word!r}")
-        schema = Schema(types, root, ident, attrs)
-        _layout(schema)
-        return schema
-
-    def _fields(self, kind, name) -> TypeSpec:
-        spec = TypeSpec(kind, name)
-        self.take("{")
-        while self.peek() != "}":
-            fname = self.take()
-            self.take(":")
-            is_vector = self.peek() == "["
-            if is_vector:
-                self.take("[")
-            ftype = self.take()
-            if is_vector:
-                self.take("]")
-            default = None
-            if self.peek() == "=":
-                self.take("=")
-                default = self.take()
-            attributes = {}
-            if self.peek() == "(":
-                self.take("(")
-                while self.peek() != ")":
-                    key = self.take()
-                    value = True
-                    if self.peek() == ":":
-                        self.take(":")
-                        value = self.take().strip('"')
-                    attributes[key] = value
-                    if self.peek() == ",":
-                        self.take(",")
-                self.take(")")
-            self.take(";")
-            spec.fields.append(FieldSpec(fname, ftype, is_vector, default, attributes))
-        self.take("}")
-        return spec
-
-    def _enum(self, kind) -> TypeSpec:
-        name = self.take()
-        spec = TypeSpec(kind, name)
-        if self.peek() == ":":
-            self.take(":")
-            spec.underlying = self.take()
-        self.take("{")
-        # Union member codes start at 1 (0 is NONE); enum values at 0 unless given.
-        nxt = 1 if kind == "union" else 0
-        while self.peek() != "}":
-            member = self.take()
-            if self.peek() == "=":
-                self.take("=")
-                nxt = int(self.take())
-            spec.values[member] = nxt
-            nxt += 1
-            if self.peek() == ",":
-                self.take(",")
-        self.take("}")
-        return spec
-
-
-def _layout(schema: Schema) -> None:
-    """Assign vtable slots to table fields and byte offsets to struct fields."""
-    for spec in schema.types.values():
-        if spec.kind == "table":
-            slot = 0
-            for f in spec.fields:
-                if schema.types.get(f.type) is not None and schema.types[f.type].kind == "union":
-                    slot += 1  # a union field is preceded by its hidden _type field
-                f.slot = slot
-                slot += 1
-        elif spec.kind == "struct":
-            offset, align = 0, 1
-            for f in spec.fields:
-                size = schema.scalar_size(f.type)
-                if size is None:
-                    raise ValueError(f"struct {spec.name}: only scalar fields are supported")
-                offset = (offset + size - 1) // size * size
-                f.slot = offset
-                offset += size
-                align = max(align, size)
-            spec.size = (offset + align - 1) // align * align
-            spec.align = align
+def field_required(f: FieldSpec) -> bool:
+    """Present in every valid table: marked (required), or an ``= null`` scalar that is
+    neither (optional) nor (nullable). A deprecated field is never required."""
+    attrs = f.attributes
+    if "deprecated" in attrs:
+        return False
+    nullable = "optional" in attrs or "nullable" in attrs
+    return "required" in attrs or (f.default == "null" and not nullable)
 
 
 def parse_schema(text: str) -> Schema:
-    """Parse schema text (the subset of the FlatBuffers IDL mlxgraph.fbs uses).
+    """Parse schema text and derive every field's kind and whether it is required.
 
     Raises:
-        ValueError: the text uses IDL this parser does not cover.
+        ValueError: the text uses IDL the parser does not cover, or a field the model has
+            no kind for.
     """
-    return _Parser(text).parse()
+    schema = parse_idl(text)
+    for t in schema.types.values():
+        for f in t.fields:
+            f.kind, f.required = field_kind(f), field_required(f)
+    return schema
 
 
 @cache
@@ -260,7 +108,7 @@ def load_schema() -> Schema:
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One op: its union code, table and the role of each field."""
+    """One op: its union code, its table, and its fields by kind (deprecated ones left out)."""
 
     name: str            # e.g. 'UpdateAndAttendNode'
     code: int            # the OpNode union code
@@ -271,9 +119,25 @@ class OpSpec:
         """The op name without the 'Node' suffix, e.g. 'UpdateAndAttend'."""
         return self.name[:-4] if self.name.endswith("Node") else self.name
 
-    def fields_with_role(self, role: str) -> list:
-        """The fields of one role ('in', 'out', 'value_in', 'value_out', 'attr')."""
-        return [f for f in self.table.fields if f.role == role and "deprecated" not in f.attributes]
+    @cached_property
+    def fields(self) -> tuple:
+        """Every live field, in schema order."""
+        return tuple(f for f in self.table.fields if "deprecated" not in f.attributes)
+
+    @cached_property
+    def inputs(self) -> tuple:
+        """The fields the op reads, in schema order."""
+        return tuple(f for f in self.fields if f.kind.is_input)
+
+    @cached_property
+    def outputs(self) -> tuple:
+        """The fields the op writes, in schema order."""
+        return tuple(f for f in self.fields if f.kind.is_output)
+
+    @cached_property
+    def attributes(self) -> tuple:
+        """The static attributes, in schema order."""
+        return tuple(f for f in self.fields if f.kind is FieldKind.ATTR)
 
 
 @cache
@@ -301,3 +165,8 @@ def op_spec(op: str) -> OpSpec:
         KeyError: the schema has no such op.
     """
     return op_specs()[op_codes()[op]]
+
+
+__all__ = ["SCALAR_SIZES", "FieldKind", "FieldSpec", "OpSpec", "Schema", "TypeSpec",
+           "field_kind", "load_schema", "op_codes", "op_spec", "op_specs", "parse_schema",
+           "upper_camel"]

@@ -11,35 +11,34 @@ import math
 from functools import cache
 
 from mlxgraph.schema.dtypes import dtype_info
+from mlxgraph.schema.enums import OperandKind
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.format import ALIGNMENT, content_hash
-from mlxgraph.schema.spec import op_specs
+from mlxgraph.schema.spec import FieldKind, op_specs
 
 _HEX = frozenset(b"0123456789abcdef")
-# OperandKind codes (schema enum OperandKind).
-_TENSOR, _VALUE, _INT, _FLOAT, _BOOL = range(5)
+_OPERANDS = (FieldKind.OPERAND, FieldKind.OPERAND_LIST)
+_LISTS = (FieldKind.TENSOR_LIST, FieldKind.OPERAND_LIST, FieldKind.OUT_LIST)
 
 
 @cache
 def _op_slots() -> dict:
-    """Per op code: (table name, inputs, outputs); entries are (field index, name, how).
-
-    how: 't'/'ts' a tensor slot / list of them, 'v'/'vs' a value slot / list, 'o'/'os' an
-    Operand / list of them.
-    """
+    """Per op code: (table name, inputs, outputs); entries are (field index, name, kind),
+    the index into the decoded table's field values (every field, deprecated included)."""
     out = {}
     for code, spec in op_specs().items():
         ins, outs = [], []
         for i, f in enumerate(spec.table.fields):
-            many = "s" if f.is_vector else ""
-            if f.type == "Operand":
-                ins.append((i, f.name, "o" + many))
-            elif f.role in ("in", "value_in"):
-                ins.append((i, f.name, ("t" if f.role == "in" else "v") + many))
-            elif f.role in ("out", "value_out"):
-                outs.append((i, f.name, ("t" if f.role == "out" else "v") + many))
+            if f.kind.is_input:
+                ins.append((i, f.name, f.kind))
+            elif f.kind.is_output:
+                outs.append((i, f.name, f.kind))
         out[code] = (spec.name, tuple(ins), tuple(outs))
     return out
+
+
+def _slot_kind(kind: FieldKind) -> str:
+    return "value" if kind.is_value else "tensor"
 
 
 def check_graph(g, data, deep: bool) -> None:
@@ -195,35 +194,34 @@ def _constants(g, data, deep) -> set:
 def _chain(nodes, tdef, vdef, c) -> bytearray:
     """Check one chain's nodes in order; returns the tensor slots defined at its end."""
     ops = _op_slots()
-    nt, nv = len(tdef), len(vdef)
     for i, node in enumerate(nodes):
         code, t = node.op
         name, ins, outs = ops[code]
         where = (i, "") if c == 0 else (None, f"chains[{c}].nodes[{i}].")
         try:
-            for idx, fname, how in ins:
+            for idx, fname, fkind in ins:
                 v = t[idx]
                 if v is None:
                     continue
-                if how == "o":
-                    _operand(v, tdef, vdef, fname)
-                elif how == "os":
-                    for j, o in enumerate(v):
-                        _operand(o, tdef, vdef, f"{fname}[{j}]")
-                else:
-                    defs, n, kind = (tdef, nt, "tensor") if how[0] == "t" else (vdef, nv, "value")
-                    for j, s in enumerate(v if len(how) == 2 else (v,)):
-                        f = f"{fname}[{j}]" if len(how) == 2 else fname
-                        _slot(s, n, kind, None, f)
-                        if not defs[s]:
-                            raise GraphFormatError(_undefined(kind, s), field=f)
-            for idx, fname, how in outs:
+                many = fkind in _LISTS
+                for j, item in enumerate(v if many else (v,)):
+                    f = f"{fname}[{j}]" if many else fname
+                    if fkind in _OPERANDS:
+                        _operand(item, tdef, vdef, f)
+                        continue
+                    kind = _slot_kind(fkind)
+                    defs = vdef if fkind.is_value else tdef
+                    _slot(item, len(defs), kind, None, f)
+                    if not defs[item]:
+                        raise GraphFormatError(_undefined(kind, item), field=f)
+            for idx, fname, fkind in outs:
                 v = t[idx]
                 if v is None:
                     continue
-                defs, n, kind = (tdef, nt, "tensor") if how[0] == "t" else (vdef, nv, "value")
-                for j, s in enumerate(v if len(how) == 2 else (v,)):
-                    _slot(s, n, kind, None, f"{fname}[{j}]" if len(how) == 2 else fname)
+                many = fkind in _LISTS
+                defs = vdef if fkind.is_value else tdef
+                for j, s in enumerate(v if many else (v,)):
+                    _slot(s, len(defs), _slot_kind(fkind), None, f"{fname}[{j}]" if many else fname)
                     defs[s] = 1
         except GraphFormatError as e:
             raise GraphFormatError(
@@ -242,12 +240,12 @@ def _undefined(kind: str, slot: int) -> str:
 
 
 def _operand(o, tdef, vdef, field) -> None:
-    if o.kind == _TENSOR or o.kind == _VALUE:
-        defs, kind = (tdef, "tensor") if o.kind == _TENSOR else (vdef, "value")
+    if o.kind == OperandKind.tensor or o.kind == OperandKind.value:
+        defs, kind = (tdef, "tensor") if o.kind == OperandKind.tensor else (vdef, "value")
         _slot(o.index, len(defs), kind, None, field)
         if not defs[o.index]:
             raise GraphFormatError(_undefined(kind, o.index), field=field)
-    elif o.kind == _INT and not (math.isfinite(o.number) and o.number == int(o.number)):
+    elif o.kind == OperandKind.int_ and not (math.isfinite(o.number) and o.number == int(o.number)):
         raise GraphFormatError(f"integer literal {o.number} is not an integer", field=field)
-    elif o.kind == _BOOL and o.number not in (0.0, 1.0):
+    elif o.kind == OperandKind.bool_ and o.number not in (0.0, 1.0):
         raise GraphFormatError(f"bool literal {o.number} is not 0 or 1", field=field)

@@ -80,18 +80,12 @@ def _default(field):
 
 
 def call(op, /, **given):
-    """Run op's registered kernel with every field of its table by name."""
+    """Run op's registered kernel with its input and attribute fields by name (as the
+    Program does: never the output fields)."""
     spec = op_spec(op)
     kwargs = {}
-    for f in spec.table.fields:
-        if "deprecated" in f.attributes:
-            continue
-        if f.name in given:
-            kwargs[f.name] = given[f.name]
-        elif f.role in ("out", "value_out"):
-            kwargs[f.name] = [0, 1] if f.is_vector else 0
-        else:
-            kwargs[f.name] = _default(f)
+    for f in spec.inputs + spec.attributes:
+        kwargs[f.name] = given[f.name] if f.name in given else _default(f)
     unknown = set(given) - set(kwargs)
     assert not unknown, f"{op} has no fields {unknown}"
     return get_kernel(spec.name).fn(**kwargs)

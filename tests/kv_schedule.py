@@ -11,7 +11,8 @@ import pytest
 from dense_reference import History, dense_attention
 
 from mlxgraph.interpreter.attention import attend
-from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, LayerGeometry, make_store
+from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, make_store
+from mlxgraph.schema.records import LayerCacheInfo
 
 ATOL, RTOL = 2e-5, 2e-4
 TOTALS = {"schedules": 0, "steps": 0, "attentions": 0, "rejected": 0, "forks": 0, "restores": 0,
@@ -21,7 +22,7 @@ TOTALS = {"schedules": 0, "steps": 0, "attentions": 0, "rejected": 0, "forks": 0
 class Layer:
     """A store plus the oracle's view of it (history and the documented rewind contract)."""
 
-    def __init__(self, geometry: LayerGeometry, policy: CachePolicy, batch: int, group: int):
+    def __init__(self, geometry: LayerCacheInfo, policy: CachePolicy, batch: int, group: int):
         self.g, self.p, self.group = geometry, policy, group
         self.store = make_store(geometry, policy)
         self.hist = History(geometry.kv_heads, geometry.head_dim, geometry.v_head_dim, batch)
@@ -80,7 +81,7 @@ def random_layer(
         model = int(rng.choice([0, 0, 6, 17]))
         policy = CachePolicy(capacity=int(rng.integers(24, 120 * scale)), kv_dtype=kv_dtype,
                              preallocate=kind == "static", **quant)
-    return Layer(LayerGeometry(layer_id, hkv, d, dv, model), policy, batch, group)
+    return Layer(LayerCacheInfo(layer_id, hkv, d, dv, model), policy, batch, group)
 
 
 def run_step(rng, layers: list[Layer], t: int, rollback: bool) -> list | None:

@@ -4,12 +4,12 @@ import json
 
 import numpy as np
 import pytest
+import synthetic_graphs as synthetic
 from tool_helpers import exported_tiny_llama
 
 from mlxgraph.schema.reader import open_graph
 from mlxgraph.schema.records import Operand
 from mlxgraph.schema.spec import op_spec
-from mlxgraph.tools import synthetic
 from mlxgraph.tools.cli import main
 
 PROMPT = "5,9,12,7"
@@ -42,9 +42,9 @@ def corrupt_constant(src, dst, name, delta=0.5, count=16):
 
 
 def tensor_inputs(node) -> set:
-    """The tensor slots a node reads, from the schema's field roles."""
+    """The tensor slots a node reads, from the schema's field model."""
     slots = set()
-    for f in op_spec(node.op).fields_with_role("in"):
+    for f in op_spec(node.op).inputs:
         v = node.fields.get(f.name)
         for x in (v if isinstance(v, list) else [v]):
             if isinstance(x, Operand):

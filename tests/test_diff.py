@@ -6,10 +6,10 @@ import time
 
 import numpy as np
 import pytest
+import synthetic_graphs as synthetic
 from tool_helpers import exported_tiny_llama, run_cli
 
 from mlxgraph.schema.reader import open_graph
-from mlxgraph.tools import synthetic
 
 
 def diff_json(capsys, a, b, *extra):

@@ -14,11 +14,11 @@ import textwrap
 import mlx.core as mx
 import numpy as np
 import pytest
+from synthetic_graphs import llama
 
 import mlxgraph
 from mlxgraph.tools.generation import GenerationStats, generate
 from mlxgraph.tools.sampling import Sampler
-from mlxgraph.tools.synthetic import llama
 from mlxgraph.tools.tokenizer import HFTokenizer
 
 PY = sys.executable

@@ -7,10 +7,10 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import synthetic_graphs as synthetic
 from tool_helpers import run_cli
 
 from mlxgraph.schema.writer import GraphWriter
-from mlxgraph.tools import synthetic
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,13 @@ import pytest
 from dense_reference import dense_attention
 
 from mlxgraph.interpreter.attention import attend
-from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, LayerGeometry, make_store
+from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, make_store
+from mlxgraph.schema.records import LayerCacheInfo
 
 
 def geom(kv=2, d=8, dv=8, window=0, layer=0):
     """A small layer geometry."""
-    return LayerGeometry(layer, kv, d, dv, window)
+    return LayerCacheInfo(layer, kv, d, dv, window)
 
 
 def kv(t, g=None, batch=1, seed=0):
@@ -188,7 +189,7 @@ def test_a_whole_step_builds_one_lazy_graph():
 @pytest.mark.parametrize("window", [0, 2048])
 def test_decode_write_does_not_copy_the_buffer(window):
     """Peak memory of a decode step stays far below the cache size (the write is in place)."""
-    g = LayerGeometry(0, 8, 64, 64, window)
+    g = LayerCacheInfo(0, 8, 64, 64, window)
     policy = CachePolicy(capacity=16384, kv_dtype=None, preallocate=True, window=window)
     store = make_store(g, policy)
     step(store, 3000)

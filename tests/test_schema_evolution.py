@@ -58,13 +58,9 @@ def incompatibilities(old, new) -> list:
             g = current_fields.get(f.name)
             if g is None:
                 problems.append(f"{name}.{f.name} removed")
-            elif (f.role, f.type, f.is_vector, f.default) != (
-                g.role,
-                g.type,
-                g.is_vector,
-                g.default,
-            ):
-                problems.append(f"{name}.{f.name} changed role, type or default")
+            elif (f.kind, f.type, f.is_vector, f.default) != (g.kind, g.type, g.is_vector,
+                                                              g.default):
+                problems.append(f"{name}.{f.name} changed kind, type or default")
             elif "required" in g.attributes and "required" not in f.attributes:
                 problems.append(f"{name}.{f.name} became required")
     return problems
@@ -111,7 +107,7 @@ def test_model_check_catches_what_flatc_misses(tmp_path):
     roles = tmp_path / "roles.fbs"
     roles.write_text(text.replace("q: int = null (in);", "q: int = null (out);", 1))
     assert incompatibilities(parse(SCHEMA), parse(roles)) == [
-        "UpdateAndAttendNode.q changed role, type or default"
+        "UpdateAndAttendNode.q changed kind, type or default"
     ]
 
 

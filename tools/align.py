@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 
 from mlxgraph.schema.records import Operand
-from mlxgraph.tools.node_text import INPUT_ROLES, OUTPUT_ROLES, attr_value, node_fields, short_name
+from mlxgraph.schema.spec import FieldKind
+from mlxgraph.tools.node_text import attr_value, node_fields, short_name
 
 
 @dataclass(frozen=True)
@@ -75,19 +76,19 @@ class Flow:
                 if v.kind == "value":
                     return value_source(v.index)
                 return Source("literal", (v.kind, v.python_value()))
-            return value_source(v) if f.role == "value_in" else tensor_source(v)
+            return value_source(v) if f.kind is FieldKind.VALUE else tensor_source(v)
 
         self.inputs, self.outputs, self.attrs, self.key_attrs = [], [], [], []
         for i, record in enumerate(graph.nodes):
             ins, outs, attrs, dtype_attrs = [], [], [], set()
             for f, v in node_fields(record):
-                if f.role in INPUT_ROLES:
+                if f.kind.is_input:
                     if f.is_vector:
                         ins.extend((f.name, j, resolve(f, x)) for j, x in enumerate(v))
                     else:
                         ins.append((f.name, None, resolve(f, v)))
-                elif f.role in OUTPUT_ROLES:
-                    is_value = f.role == "value_out"
+                elif f.kind.is_output:
+                    is_value = f.kind is FieldKind.VALUE_OUT
                     items = enumerate(v) if f.is_vector else [(None, v)]
                     outs.extend((f.name, j, slot, is_value) for j, slot in items)
                 else:

@@ -6,9 +6,9 @@ with no change here. The text form of node ``i`` is::
     12  Linear  x=%5:h weight=%3:model.q.weight -> out=%13:q  axis=1  # model.layers.0 linear_3
         aten.linear.default   (one line; wrapped here)
 
-inputs ('in' and 'value_in' fields, schema order) -> outputs ('out', 'value_out'), then
-attributes, then the provenance (module path, fx node name, ATen target). Tensor slots
-print as ``%slot:name``, value slots (runtime ints) as ``$slot:name``, literals as
+inputs (schema order) -> outputs, then attributes (each field's kind from
+schema/spec.py), then the provenance (module path, fx node name, ATen target). Tensor
+slots print as ``%slot:name``, value slots (runtime ints) as ``$slot:name``, literals as
 numbers; enum attributes by name; 32-bit float attributes in their shortest float32 form.
 """
 
@@ -20,9 +20,6 @@ from mlxgraph.schema.dtypes import dtype_info, is_known_code
 from mlxgraph.schema.records import Operand
 from mlxgraph.schema.spec import load_schema, op_spec
 
-INPUT_ROLES = ("in", "value_in")
-OUTPUT_ROLES = ("out", "value_out")
-
 
 @cache
 def short_name(op: str) -> str:
@@ -30,18 +27,11 @@ def short_name(op: str) -> str:
     return op_spec(op).short_name
 
 
-@cache
-def _fields(op: str) -> tuple:
-    return tuple(f for f in op_spec(op).table.fields if "deprecated" not in f.attributes)
-
-
 def node_fields(record):
     """The node's present fields in schema order as (FieldSpec, value); absent ones skipped."""
-    return [
-        (f, record.fields.get(f.name))
-        for f in _fields(record.op)
-        if record.fields.get(f.name) is not None
-    ]
+    fields = record.fields
+    return [(f, fields[f.name]) for f in op_spec(record.op).fields
+            if fields.get(f.name) is not None]
 
 
 @cache
@@ -105,7 +95,7 @@ def _ref_text(f, value, names: SlotNames) -> str:
             if v.kind == "value":
                 return names.value(v.index)
             return _scalar_text(v.python_value())
-        return names.value(v) if f.role in ("value_in", "value_out") else names.tensor(v)
+        return names.value(v) if f.kind.is_value else names.tensor(v)
 
     if f.is_vector:
         return "[" + ",".join(one(v) for v in value) + "]"
@@ -116,9 +106,9 @@ def format_node(index: int, record, names: SlotNames, width: int = 0) -> str:
     """The canonical one-line text of node ``index`` (see the module docstring)."""
     ins, outs, attrs = [], [], []
     for f, value in node_fields(record):
-        if f.role in INPUT_ROLES:
+        if f.kind.is_input:
             ins.append(f"{f.name}={_ref_text(f, value, names)}")
-        elif f.role in OUTPUT_ROLES:
+        elif f.kind.is_output:
             outs.append(f"{f.name}={_ref_text(f, value, names)}")
         else:
             attrs.append(f"{f.name}={_scalar_text(attr_value(f, value))}")
@@ -141,7 +131,7 @@ def _ref_json(f, value, names: SlotNames):
                     "name": table[v.index] if 0 <= v.index < len(table) else None,
                 }
             return {"kind": v.kind, "value": v.python_value()}
-        kind = "value" if f.role in ("value_in", "value_out") else "tensor"
+        kind = "value" if f.kind.is_value else "tensor"
         table = names.values if kind == "value" else names.tensors
         return {"kind": kind, "slot": v, "name": table[v] if 0 <= v < len(table) else None}
 
@@ -152,9 +142,9 @@ def node_json(index: int, record, names: SlotNames) -> dict:
     """The node as a JSON-ready dict: index, op, inputs, outputs, attributes, provenance."""
     ins, outs, attrs = {}, {}, {}
     for f, value in node_fields(record):
-        if f.role in INPUT_ROLES:
+        if f.kind.is_input:
             ins[f.name] = _ref_json(f, value, names)
-        elif f.role in OUTPUT_ROLES:
+        elif f.kind.is_output:
             outs[f.name] = _ref_json(f, value, names)
         else:
             attrs[f.name] = attr_value(f, value)

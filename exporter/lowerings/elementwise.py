@@ -4,6 +4,7 @@ import torch
 
 from mlxgraph.exporter.lowering_types import LoweringError
 from mlxgraph.exporter.lowerings import register
+from mlxgraph.schema.enums import RoundingMode
 from mlxgraph.schema.records import Operand
 
 aten = torch.ops.aten
@@ -109,7 +110,8 @@ for _t in _BINARY:
 def div_mode(ctx, node):
     """Division with rounding_mode None, 'trunc' or 'floor'."""
     mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
-    rounding = {None: 0, "trunc": 1, "floor": 2}[mode]
+    rounding = {None: RoundingMode.none, "trunc": RoundingMode.trunc,
+                "floor": RoundingMode.floor}[mode]
     return ctx.emit_out(
         "Div", a=ctx.operand(node.args[0]), b=ctx.operand(node.args[1]), rounding=rounding
     )

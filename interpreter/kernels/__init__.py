@@ -1,12 +1,13 @@
 """MLX kernels: one small registered function per op.
 
-A kernel is called as ``fn(**inputs, **attributes)`` with every field of its op table by
-name: tensor inputs as mx.array, Operand inputs as mx.array (tensor), Python int (value
-slot) or Python scalar (literal, kept weak so it does not promote the tensor's dtype),
-DType attributes as mx.Dtype (or None), other attributes as Python values. Kernels
-registered with ``needs_context=True`` also get ``ctx`` (the running step: its KV stores).
-A kernel returns the op's output: an array (or an int for a value output), or a list of
-them for a list output. Kernels never force an evaluation.
+A kernel is called as ``fn(**inputs, **attributes)``: its op's input and attribute
+fields by name (schema/spec.py's field model; never the output fields). Tensor inputs
+come as mx.array; Operand inputs as mx.array (tensor), Python int (value slot) or Python
+scalar (literal, kept weak so it does not promote the tensor's dtype); DType attributes
+as mx.Dtype (or None); other attributes as Python values. Kernels registered with
+``needs_context=True`` also get ``ctx`` (the running step: its KV stores). A kernel
+returns the op's output: an array (or an int for a value output), or a list of them for
+a list output. Kernels never force an evaluation.
 """
 
 from dataclasses import dataclass

@@ -5,7 +5,7 @@ from mlxgraph.interpreter.kernels import register
 
 
 @register("UpdateAndAttend", needs_context=True)
-def update_and_attend(q, k, v, position, layer_id, scale, out_dtype, ctx, **_):
+def update_and_attend(q, k, v, position, layer_id, scale, out_dtype, ctx):
     """Write this step's K/V into the layer's store and attend over its window.
 
     ``position`` is not read: the session knows the step's host positions and has already

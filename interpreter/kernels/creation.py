@@ -15,7 +15,7 @@ def _host_number(v, op: str, what: str):
 
 
 @register("Arange")
-def arange(start=None, end=None, step=None, out=None, dtype=None):
+def arange(start=None, end=None, step=None, dtype=None):
     """[start, end) by ``step`` (start defaults to 0, step to 1), torch.arange.
 
     Raises:
@@ -39,7 +39,7 @@ def arange(start=None, end=None, step=None, out=None, dtype=None):
 
 
 @register("Full")
-def full(shape, out=None, value=0, dtype=None):
+def full(shape, value=0, dtype=None):
     """A tensor of ``shape`` filled with ``value``.
 
     Raises:

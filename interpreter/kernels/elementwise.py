@@ -31,7 +31,7 @@ def _floating(x: mx.array) -> mx.array:
 def _register_float_unary(op: str, fn) -> None:
     """Register a unary float-math kernel ``op(x) = fn(x)`` (integer input promoted)."""
 
-    def kernel(x, out=None):
+    def kernel(x):
         return fn(_floating(x))
 
     kernel.__name__ = kernel.__qualname__ = op.lower()
@@ -48,25 +48,25 @@ for _op, _fn in {
 
 
 @register("Neg")
-def neg(x, out=None):
+def neg(x):
     """-x."""
     return mx.negative(x)
 
 
 @register("Abs")
-def abs_(x, out=None):
+def abs_(x):
     """|x| (keeps integer dtypes)."""
     return mx.abs(x)
 
 
 @register("LogicalNot")
-def logical_not(x, out=None):
+def logical_not(x):
     """not x, as bool (nonzero is true)."""
     return mx.logical_not(x)
 
 
 @register("Silu")
-def silu(x, out=None):
+def silu(x):
     """x * sigmoid(x)."""
     x = _floating(x)
     return x * mx.sigmoid(x)
@@ -77,7 +77,7 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 @register("Gelu")
-def gelu(x, out=None, approximate=False):
+def gelu(x, approximate=False):
     """GELU: exact erf form, or torch's tanh approximation when ``approximate``."""
     x = _floating(x)
     if approximate:
@@ -94,7 +94,7 @@ def _bound(x: mx.array, v):
 
 
 @register("Clamp")
-def clamp(x, out=None, min=None, max=None):  # noqa: A002 - schema field names
+def clamp(x, min=None, max=None):  # noqa: A002 - schema field names
     """Clamp x to [min, max]; either bound may be absent (None)."""
     if min is None and max is None:
         return x
@@ -105,19 +105,19 @@ def clamp(x, out=None, min=None, max=None):  # noqa: A002 - schema field names
 
 
 @register("Add")
-def add(a, b, out=None):
+def add(a, b):
     """a + b, broadcasting."""
     return mx.add(a, b)
 
 
 @register("Sub")
-def sub(a, b, out=None):
+def sub(a, b):
     """a - b, broadcasting."""
     return mx.subtract(a, b)
 
 
 @register("Mul")
-def mul(a, b, out=None):
+def mul(a, b):
     """a * b, broadcasting."""
     return mx.multiply(a, b)
 
@@ -145,7 +145,7 @@ _ROUNDING = {
 
 
 @register("Div")
-def div(a, b, out=None, rounding=RoundingMode.none):
+def div(a, b, rounding=RoundingMode.none):
     """a / b: true division (integers give float32), or rounded like torch.div.
 
     Args:
@@ -176,25 +176,25 @@ def div(a, b, out=None, rounding=RoundingMode.none):
 
 
 @register("Pow")
-def pow_(a, b, out=None):
+def pow_(a, b):
     """a ** b (either may be a scalar)."""
     return mx.power(a, b)
 
 
 @register("Maximum")
-def maximum(a, b, out=None):
+def maximum(a, b):
     """Elementwise max; NaN propagates as in torch."""
     return mx.maximum(a, b)
 
 
 @register("Minimum")
-def minimum(a, b, out=None):
+def minimum(a, b):
     """Elementwise min; NaN propagates as in torch."""
     return mx.minimum(a, b)
 
 
 @register("Remainder")
-def remainder(a, b, out=None):
+def remainder(a, b):
     """a mod b with the sign of the divisor (torch.remainder, Python %)."""
     return mx.remainder(a, b)
 
@@ -205,7 +205,7 @@ def remainder(a, b, out=None):
 def _register_binary(op: str, fn, what: str) -> None:
     """Register a binary kernel ``op(a, b) = fn(a, b)`` giving a bool array."""
 
-    def kernel(a, b, out=None):
+    def kernel(a, b):
         return fn(a, b)
 
     kernel.__name__ = kernel.__qualname__ = op.lower()
@@ -227,7 +227,7 @@ for _op, _fn, _what in (
 
 
 @register("Where")
-def where(cond, a, b, out=None):
+def where(cond, a, b):
     """a where cond else b, broadcasting; a non-bool cond counts nonzero as true."""
     if cond.dtype != mx.bool_:
         cond = cond.astype(mx.bool_)

@@ -6,7 +6,7 @@ from mlxgraph.interpreter.kernels import register
 
 
 @register("RmsNorm")
-def rms_norm(x, weight=None, out=None, eps=1e-6, weight_offset=0.0):
+def rms_norm(x, weight=None, eps=1e-6, weight_offset=0.0):
     """x * rsqrt(mean(x^2, -1) + eps) * (weight + weight_offset), normalized in float32.
 
     Two Hugging Face conventions differ in where the result returns to x's dtype:
@@ -34,7 +34,7 @@ def rms_norm(x, weight=None, out=None, eps=1e-6, weight_offset=0.0):
 
 
 @register("Rope")
-def rope(x, cos, sin, out=None):
+def rope(x, cos, sin):
     """x * cos + rotate_half(x) * sin, rotate_half(x) = concat(-x2, x1) over the last axis.
 
     cos and sin broadcast against x (e.g. [B, 1, T, D] for x [B, H, T, D]), as Hugging
@@ -51,7 +51,7 @@ def rope(x, cos, sin, out=None):
 
 
 @register("LayerNorm")
-def layer_norm(x, weight=None, bias=None, out=None, eps=None):
+def layer_norm(x, weight=None, bias=None, eps=None):
     """(x - mean) * rsqrt(var + eps) * weight + bias over the last axis, in x's dtype.
 
     MLX's fused kernel accumulates in float32 for half-precision x, as torch does on CPU.

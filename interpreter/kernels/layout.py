@@ -19,19 +19,19 @@ def _axis(axis: int, ndim: int, op: str) -> int:
 
 
 @register("Reshape")
-def reshape(x, shape, out=None):
+def reshape(x, shape):
     """x viewed as ``shape`` (one entry may be -1)."""
     return mx.reshape(x, [static_int(s, "Reshape", f"shape[{i}]") for i, s in enumerate(shape)])
 
 
 @register("Permute")
-def permute(x, perm, out=None):
+def permute(x, perm):
     """Axes of x reordered by ``perm`` (negative entries count from the end)."""
     return mx.transpose(x, [_axis(p, x.ndim, "Permute") for p in perm])
 
 
 @register("Expand")
-def expand(x, shape, out=None):
+def expand(x, shape):
     """x broadcast to ``shape``; -1 keeps x's size on that axis (torch.expand).
 
     Raises:
@@ -50,7 +50,7 @@ def expand(x, shape, out=None):
 
 
 @register("Slice")
-def slice_(x, start=None, end=None, out=None, axis=0, step=1):
+def slice_(x, start=None, end=None, axis=0, step=1):
     """x[start:end:step] on ``axis``, bounds clamped like Python/torch (end may be huge,
     negative bounds count from the end, absent bounds mean the whole axis).
 
@@ -70,7 +70,7 @@ def slice_(x, start=None, end=None, out=None, axis=0, step=1):
 
 
 @register("Select")
-def select(x, index, out=None, axis=0):
+def select(x, index, axis=0):
     """x[..., index, ...] on ``axis``, dropping that axis (index may be negative or a 0-d tensor).
 
     Raises:
@@ -88,13 +88,13 @@ def select(x, index, out=None, axis=0):
 
 
 @register("Concat")
-def concat(inputs, out=None, axis=0):
+def concat(inputs, axis=0):
     """The inputs joined along ``axis`` (dtypes promote as in torch.cat)."""
     return mx.concatenate(list(inputs), axis=axis)
 
 
 @register("Squeeze")
-def squeeze(x, out=None, axes=None):
+def squeeze(x, axes=None):
     """x without the listed size-1 axes (axes of another size are kept, as torch does);
     all size-1 axes when ``axes`` is absent or empty."""
     if axes:
@@ -106,13 +106,13 @@ def squeeze(x, out=None, axes=None):
 
 
 @register("Unsqueeze")
-def unsqueeze(x, out=None, axis=0):
+def unsqueeze(x, axis=0):
     """x with a new size-1 axis at ``axis`` (in [-ndim-1, ndim], as torch.unsqueeze)."""
     return mx.expand_dims(x, _axis(axis, x.ndim + 1, "Unsqueeze"))
 
 
 @register("Split")
-def split(x, outs=None, axis=0, sizes=()):
+def split(x, axis=0, sizes=()):
     """x cut along ``axis`` into pieces of ``sizes`` (torch.split_with_sizes); a list.
 
     Raises:
@@ -131,7 +131,7 @@ def split(x, outs=None, axis=0, sizes=()):
 
 
 @register("Cast")
-def cast(x, out=None, dtype=None):
+def cast(x, dtype=None):
     """x converted to ``dtype`` (an mx.Dtype); floats to ints truncate toward zero.
 
     Raises:

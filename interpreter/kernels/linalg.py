@@ -6,13 +6,13 @@ from mlxgraph.interpreter.kernels import register
 
 
 @register("Matmul")
-def matmul(a, b, out=None):
+def matmul(a, b):
     """a @ b with torch.matmul's batching and 1-D rules."""
     return mx.matmul(a, b)
 
 
 @register("Addmm")
-def addmm(bias, a, b, out=None, alpha=1.0, beta=1.0):
+def addmm(bias, a, b, alpha=1.0, beta=1.0):
     """beta * bias + alpha * (a @ b); bias broadcasts. beta == 0 ignores bias (even NaN)."""
     if beta == 0:
         prod = mx.matmul(a, b)
@@ -21,7 +21,7 @@ def addmm(bias, a, b, out=None, alpha=1.0, beta=1.0):
 
 
 @register("Linear")
-def linear(x, weight, bias=None, out=None):
+def linear(x, weight, bias=None):
     """x @ weight.T (+ bias); weight is [out_features, in_features] as torch stores it."""
     # weight.T is a strided view: the matmul reads it transposed, nothing is copied.
     wt = weight.T
@@ -33,13 +33,13 @@ def linear(x, weight, bias=None, out=None):
 
 
 @register("Embedding")
-def embedding(weight, indices, out=None):
+def embedding(weight, indices):
     """Rows of ``weight`` at ``indices``: out shape indices.shape + weight.shape[1:]."""
     return mx.take(weight, indices, axis=0)
 
 
 @register("Gather")
-def gather(x, indices, out=None, axis=0):
+def gather(x, indices, axis=0):
     """torch.gather: out[i][j] = x[i][indices[i][j]] along ``axis`` (take along axis).
 
     As in torch, ``indices`` may be smaller than x on the other axes; x is cut to match.

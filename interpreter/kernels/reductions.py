@@ -11,25 +11,25 @@ def _axes(axes):
 
 
 @register("Mean")
-def mean(x, out=None, axes=None, keepdims=False):
+def mean(x, axes=None, keepdims=False):
     """Mean over ``axes`` (all when absent or empty)."""
     return mx.mean(x, axis=_axes(axes), keepdims=keepdims)
 
 
 @register("Sum")
-def sum_(x, out=None, axes=None, keepdims=False):
+def sum_(x, axes=None, keepdims=False):
     """Sum over ``axes`` (all when absent or empty)."""
     return mx.sum(x, axis=_axes(axes), keepdims=keepdims)
 
 
 @register("Max")
-def max_(x, out=None, axes=None, keepdims=False):
+def max_(x, axes=None, keepdims=False):
     """Max value over ``axes`` (all when absent or empty), like torch.amax."""
     return mx.max(x, axis=_axes(axes), keepdims=keepdims)
 
 
 @register("Argmax")
-def argmax(x, out=None, axis=None, keepdims=False):
+def argmax(x, axis=None, keepdims=False):
     """Index of the first max along ``axis`` as int64 (of the flattened x when axis is None)."""
     if axis is None:
         idx = mx.argmax(x.reshape(-1), axis=0)
@@ -41,7 +41,7 @@ def argmax(x, out=None, axis=None, keepdims=False):
 
 
 @register("Softmax")
-def softmax(x, out=None, axis=-1):
+def softmax(x, axis=-1):
     """Softmax along ``axis``, computed in float32 and returned in x's dtype."""
     # precise=True accumulates in float32 for half inputs and returns x's dtype.
     return mx.softmax(x, axis=axis, precise=True)

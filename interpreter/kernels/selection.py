@@ -7,7 +7,7 @@ from mlxgraph.interpreter.kernels import register
 
 
 @register("TopK")
-def top_k(x, outs=None, k=None, axis=None, largest=True):
+def top_k(x, k=None, axis=None, largest=True):
     """[values, indices]: the ``k`` largest (or smallest) entries of x along ``axis``, sorted
     descending (ascending when ``largest`` is false); indices are int64 like torch's.
 

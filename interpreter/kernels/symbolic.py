@@ -29,7 +29,7 @@ def static_int(v, op: str, what: str) -> int:
 
 
 @register("SymSize")
-def sym_size(x, axis, out=None) -> int:
+def sym_size(x, axis) -> int:
     """x.shape[axis] as a Python int (negative axes count from the end)."""
     return int(x.shape[axis])
 
@@ -48,7 +48,7 @@ _SYM_NAMES = {name: code for name, code in vars(SymOp).items() if not name.start
 
 
 @register("SymArith")
-def sym_arith(a, b=None, out=None, op=SymOp.add) -> int:
+def sym_arith(a, b=None, op=SymOp.add) -> int:
     """``a op b`` on host ints (``neg`` ignores b); floordiv and mod round toward -inf.
 
     Args:

@@ -1,4 +1,5 @@
-"""Llama-shaped graph files built directly with GraphWriter, for the tools' tests and benchmark.
+"""Test support: Llama-shaped graph files built directly with GraphWriter, for the tools'
+tests and benchmark (benchmarks/tools_bench.py). Not part of the mlxgraph package.
 
 :class:`GraphSpec` describes a graph by handles instead of slot numbers, so the same graph
 can be written with its slots numbered in any order (``write(path, order_seed=...)``):
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlxgraph.schema.records import LayerCacheInfo, ModelInfo, Operand, Provenance
-from mlxgraph.schema.spec import op_spec
+from mlxgraph.schema.spec import FieldKind, op_spec
 from mlxgraph.schema.writer import GraphWriter
 
 
@@ -89,7 +90,7 @@ def _resolve(op, fields, tmap, vmap) -> dict:
             continue
 
         def one(x, f=f):
-            if f.type == "Operand":
+            if f.kind in (FieldKind.OPERAND, FieldKind.OPERAND_LIST):
                 if isinstance(x, T):
                     return Operand.tensor(tmap[x.i])
                 if isinstance(x, V):
