@@ -23,22 +23,21 @@ _LISTS = (FieldKind.TENSOR_LIST, FieldKind.OPERAND_LIST, FieldKind.OUT_LIST)
 
 @cache
 def _op_slots() -> dict:
-    """Per op code: (table name, inputs, outputs); entries are (field index, name, kind),
-    the index into the decoded table's field values (every field, deprecated included)."""
+    """Per op code: (table name, inputs, outputs), from the field model. An entry is
+    (field index into the decoded table, name, is an Operand, is a list, slot kind), the
+    kind's facts unpacked once so the per-node loop only reads booleans."""
     out = {}
     for code, spec in op_specs().items():
         ins, outs = [], []
         for i, f in enumerate(spec.table.fields):
+            entry = (i, f.name, f.kind in _OPERANDS, f.kind in _LISTS,
+                     "value" if f.kind.is_value else "tensor")
             if f.kind.is_input:
-                ins.append((i, f.name, f.kind))
+                ins.append(entry)
             elif f.kind.is_output:
-                outs.append((i, f.name, f.kind))
+                outs.append(entry)
         out[code] = (spec.name, tuple(ins), tuple(outs))
     return out
-
-
-def _slot_kind(kind: FieldKind) -> str:
-    return "value" if kind.is_value else "tensor"
 
 
 def check_graph(g, data, deep: bool) -> None:
@@ -199,29 +198,26 @@ def _chain(nodes, tdef, vdef, c) -> bytearray:
         name, ins, outs = ops[code]
         where = (i, "") if c == 0 else (None, f"chains[{c}].nodes[{i}].")
         try:
-            for idx, fname, fkind in ins:
+            for idx, fname, operand, many, kind in ins:
                 v = t[idx]
                 if v is None:
                     continue
-                many = fkind in _LISTS
+                defs = vdef if kind == "value" else tdef
                 for j, item in enumerate(v if many else (v,)):
                     f = f"{fname}[{j}]" if many else fname
-                    if fkind in _OPERANDS:
+                    if operand:
                         _operand(item, tdef, vdef, f)
                         continue
-                    kind = _slot_kind(fkind)
-                    defs = vdef if fkind.is_value else tdef
                     _slot(item, len(defs), kind, None, f)
                     if not defs[item]:
                         raise GraphFormatError(_undefined(kind, item), field=f)
-            for idx, fname, fkind in outs:
+            for idx, fname, _, many, kind in outs:
                 v = t[idx]
                 if v is None:
                     continue
-                many = fkind in _LISTS
-                defs = vdef if fkind.is_value else tdef
+                defs = vdef if kind == "value" else tdef
                 for j, s in enumerate(v if many else (v,)):
-                    _slot(s, len(defs), _slot_kind(fkind), None, f"{fname}[{j}]" if many else fname)
+                    _slot(s, len(defs), kind, None, f"{fname}[{j}]" if many else fname)
                     defs[s] = 1
         except GraphFormatError as e:
             raise GraphFormatError(

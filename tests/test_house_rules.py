@@ -2,8 +2,8 @@
 
 The rules are in docs/architecture.md ("Layers"). The import walk reads every module's
 source (ast), so it sees imports inside functions too, and the lazy loads of the op
-registries (a module-level ``OP_MODULES`` tuple names the submodules a registry imports
-on first use).
+registries: a module that loads modules by name (``import_module``, ``LazyRegistry``)
+and holds a module-level tuple of its package's submodule names imports each of them.
 """
 
 import ast
@@ -43,19 +43,26 @@ def package_sources() -> dict:
     return out
 
 
-def _lazy_loads(tree, name: str, is_package: bool) -> list:
-    """The submodules a registry module names in its module-level OP_MODULES tuple."""
+def _lazy_loads(tree, source: str, name: str, is_package: bool, modules) -> set:
+    """The submodules a loader module names in module-level tuples of strings."""
+    if "import_module" not in source and "LazyRegistry" not in source:
+        return set()
     package = name if is_package else name.rpartition(".")[0]
+    found = set()
     for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "OP_MODULES" for t in stmt.targets):
-            return [f"{package}.{elt.value}" for elt in stmt.value.elts]
-    return []
+        value = stmt.value if isinstance(stmt, ast.Assign | ast.AnnAssign) else None
+        if isinstance(value, ast.Tuple) and value.elts and all(
+                isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts):
+            subs = {f"{package}.{e.value}" for e in value.elts}
+            if subs <= set(modules):
+                found |= subs
+    return found
 
 
 def imports_of(name: str, path: Path, modules) -> tuple:
     """(static imports, lazy registry loads) of one module, as module names."""
-    tree = ast.parse(path.read_text(), str(path))
+    source = path.read_text()
+    tree = ast.parse(source, str(path))
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -65,7 +72,7 @@ def imports_of(name: str, path: Path, modules) -> tuple:
                 sub = f"{node.module}.{alias.name}"
                 found.add(sub if sub in modules else node.module)
     static = {m for m in found if m in modules and m != name}
-    lazy = set(_lazy_loads(tree, name, path.name == "__init__.py"))
+    lazy = _lazy_loads(tree, source, name, path.name == "__init__.py", modules)
     return static, lazy
 
 
