@@ -119,7 +119,7 @@ def test_sym_size_and_arith():
     x = mx.zeros((2, 7, 5))
     assert [call("SymSize", x=x, axis=a) for a in (0, 1, -1)] == [2, 7, 5]
     assert type(call("SymSize", x=x, axis=1)) is int
-    from mlxgraph.generated.mlxgraph_generated import SymOp
+    from mlxgraph.schema.enums import SymOp
     for a, b in ((7, 3), (-7, 3), (7, -3), (-7, -3), (0, 5)):
         # floordiv and mod against torch's integer semantics (round toward -inf, the sign
         # of the divisor), the rest against Python's.
