@@ -12,12 +12,12 @@ import pickle
 import mlx.core as mx
 import numpy as np
 import pytest
+from synthetic_graphs import llama
 from tiny_graph import VOCAB, TinyOracle, build_tiny_graph
 
 import mlxgraph
 from mlxgraph.interpreter.errors import CacheFileError
 from mlxgraph.interpreter.kv_cache import CacheError
-from mlxgraph.tools.synthetic import llama
 
 TOL = 2e-4
 
