@@ -10,10 +10,10 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
+from synthetic_graphs import llama
 from tool_helpers import run_cli
 
 import mlxgraph
-from mlxgraph.tools.synthetic import llama
 
 PROMPT = [1, 7, 42, 99, 5, 200, 3, 17]
 
