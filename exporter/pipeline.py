@@ -4,6 +4,7 @@ Steps (each reported through ``progress``): load the model, torch.export it thro
 adapter with a dynamic sequence length, run_decompositions, lower to graph nodes, write.
 """
 
+import threading
 import time
 import warnings
 from collections import Counter
@@ -24,6 +25,10 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # buy nothing below 2**31 tokens or positions.
 INPUT_DTYPE = torch.int32
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+# torch.export and run_decompositions keep process-global state (the dispatch mode stack,
+# the module hierarchy being traced): two at once in two threads corrupt each other, so
+# they take turns. Lowering and writing need no lock (their state is the export's own).
+_TORCH_EXPORT_LOCK = threading.Lock()
 
 
 class ExportError(Exception):
@@ -225,7 +230,8 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
     )
     try:
         adapter = DecoderAdapter(m)
-        ep = step("torch.export", lambda: trace(adapter, max_seq_len))
+        with _TORCH_EXPORT_LOCK:
+            ep = step("torch.export", lambda: trace(adapter, max_seq_len))
     finally:
         # A caller's module is left as it was given.
         if previous is not None:
@@ -237,7 +243,8 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
             f"{type(m).__name__}: no attention layer called the mlxgraph attention "
             "implementation (the model does not use transformers' AttentionInterface)"
         )
-    ep = step("decompositions", lambda: decompose(ep))
+    with _TORCH_EXPORT_LOCK:
+        ep = step("decompositions", lambda: decompose(ep))
     writer = GraphWriter(producer=f"mlxgraph exporter (torch {torch.__version__})")
     lowered = step("lowering", lambda: lower_program(ep, writer, output_names=("logits",)))
     writer.metadata = model_info(m, adapter, source, max_seq_len, dtype)
