@@ -47,3 +47,4 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/export_bench.py
 	$(PY) benchmarks/generate_bench.py
 	$(PY) benchmarks/session_state_bench.py
+	$(PY) benchmarks/guard_bench.py

@@ -19,18 +19,20 @@ _LAZY = {
 }
 
 
-def load(path):
+def load(path, element_limit=None):
     """Load and verify a graph file; return an immutable :class:`Program`.
 
     Args:
         path: the ``.mlxg`` file.
+        element_limit: the most elements one tensor of a step may have (None: the file's
+            default, a few times its constants plus its KV cache at max context).
     Raises:
-        mlxgraph.GraphFormatError: the file is not a valid graph file, or uses an op this
-            version cannot run.
+        mlxgraph.GraphFormatError: the file is not a valid graph file, could cost more than
+            the limit per step, or uses an op this version cannot run.
     """
     from mlxgraph.interpreter.program import Program
 
-    return Program.load(path)
+    return Program.load(path, element_limit=element_limit)
 
 
 def __getattr__(name):

@@ -9,11 +9,14 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from mlxgraph.exporter.adapter import AdapterError, DecoderAdapter
 from mlxgraph.exporter.builtins import BUILTINS, builtin_model
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
+from mlxgraph.schema.atomic_write import check_replaceable
+from mlxgraph.schema.dtypes import dtype_info
 from mlxgraph.schema.records import ModelInfo
 from mlxgraph.schema.writer import GraphWriter
 
@@ -170,7 +173,28 @@ def decompose(ep):
             raise TraceError(_first_lines("run_decompositions failed", e)) from e
 
 
-def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, progress=None) -> dict:
+def check_finite_constants(writer) -> None:
+    """Refuse constants holding NaN or infinity: a graph computed from them is garbage.
+
+    Raises:
+        ExportError: names the first such constant and how many values are not finite.
+    """
+    for slot, data, _ in writer.constants:
+        name, dtype = writer.tensors[slot][0], writer.tensors[slot][1]
+        info = dtype_info(dtype)
+        if not info.is_float or data.size == 0:
+            continue
+        if info.name == "bfloat16":
+            bad = int(np.count_nonzero((data & 0x7F80) == 0x7F80))  # all-ones exponent: inf or NaN
+        else:
+            bad = int(data.size - np.count_nonzero(np.isfinite(data)))
+        if bad:
+            raise ExportError(f"weight {name} has {bad} non-finite values (NaN or infinity); "
+                              "refusing to export it (--allow-nonfinite exports it anyway)")
+
+
+def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, progress=None,
+           allow_nonfinite: bool = False) -> dict:
     """Export a decoder to a graph file.
 
     Args:
@@ -181,12 +205,14 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
         dtype: float32, float16 or bfloat16: the graph's compute and weight dtype.
         max_seq_len: the largest step (tokens per call) and the recorded max context.
         progress: optional ``fn(message)`` called as each long step starts.
+        allow_nonfinite: export weights holding NaN or infinity (refused by default).
     Returns:
         stats: nodes, ops (histogram), constants, constant_bytes, file_bytes, seconds,
         timings per step, path.
     Raises:
         ExportError: unknown model or option (e.g. max_seq_len past the model's
-            max_position_embeddings), or an output path that cannot be written.
+            max_position_embeddings), an output path that cannot be written or is not a
+            regular file, or (without allow_nonfinite) weights holding NaN or infinity.
         AdapterError: the model's attention asks for something the graph op cannot do.
         TraceError: torch.export or run_decompositions failed on the model.
         UnsupportedOpsError: ops without a lowering (all listed, with their sources).
@@ -198,8 +224,10 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
     out_dir = Path(out_path).resolve().parent
     if not out_dir.is_dir():
         raise ExportError(f"{out_path}: the folder {out_dir} does not exist")
-    if Path(out_path).is_dir():
-        raise ExportError(f"{out_path}: is a folder, not a file to write")
+    try:
+        check_replaceable(out_path)
+    except FileExistsError as e:
+        raise ExportError(f"{out_path}: {e.strerror}") from None
     timings, t_start = {}, time.perf_counter()
 
     def step(name, fn):
@@ -239,6 +267,8 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
     writer = GraphWriter(producer=f"mlxgraph exporter (torch {torch.__version__})")
     lowered = step("lowering", lambda: lower_program(ep, writer, output_names=("logits",)))
     writer.metadata = model_info(m, adapter, source, max_seq_len, dtype)
+    if not allow_nonfinite:
+        check_finite_constants(writer)
     sizes = step("writing", lambda: writer.write(out_path))
     ops = Counter(n.op[:-4] if n.op.endswith("Node") else n.op for n in writer.nodes)
     return {

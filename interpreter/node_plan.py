@@ -30,6 +30,8 @@ class ResolvedNode:
     out_kind: str           # 'tensor' | 'tensors' | 'value'
     out_slots: tuple        # tensor or value slots written
     out_dtypes: tuple       # declared mx dtype per written tensor slot (None = keep)
+    guard: tuple | None = None  # (index field, table field, axis, wrap negatives): clamp, flag
+    limits: tuple = ()      # per written slot: most elements (tensors) or magnitude (a value)
 
 
 def _operand_read(op):

@@ -5,7 +5,7 @@ no FlatBuffer parsing. A Program is immutable; any number of sessions share it.
 """
 
 import hashlib
-import mmap
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 
@@ -16,7 +16,6 @@ from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
 from mlxgraph.interpreter.node_plan import ResolvedNode, resolve_node
 from mlxgraph.interpreter.session import Session
 from mlxgraph.schema.errors import GraphFormatError
-from mlxgraph.schema.format import align_up
 from mlxgraph.schema.reader import open_graph
 
 
@@ -24,6 +23,9 @@ class Program:
     """An immutable loaded graph: slots, constants (as MLX arrays), resolved nodes, metadata."""
 
     def __init__(self, graph, constants, nodes, layers):
+        # Symbol values whose step already had every output checked against the verifier's
+        # bounds (shapes follow from them): shared by the sessions, only ever grows.
+        self.checked_shapes = set()
         self.graph = graph                  # the GraphFile (records, metadata)
         self.path = graph.path
         self.metadata = graph.metadata
@@ -39,26 +41,34 @@ class Program:
         self.outputs = graph.outputs
 
     @classmethod
-    def load(cls, path) -> "Program":
+    def load(cls, path, element_limit=None) -> "Program":
         """Verify and load a graph file.
 
         Args:
-            path: the .mlxg file.
+            path: the .mlxg file (or its bytes).
+            element_limit: the most elements one tensor of a step may have (None: the
+                file's default, a few times its constants plus its KV cache at max context;
+                see schema/verify_bounds.py). Raise it for a file that needs more.
         Raises:
-            GraphFormatError: invalid file, or an op this version cannot run.
+            GraphFormatError: invalid file, a step that could cost more than the limit, or
+                an op this version cannot run.
         """
-        graph = open_graph(path)
+        graph = open_graph(path, element_limit=element_limit)
         tensor_dtypes = [to_mx_dtype(t.dtype) if t.dtype else None for t in graph.tensors]
         constants = {}
-        for i, c in enumerate(graph.constants):
-            arr = graph.constant_array(i)
-            a = mx.array(arr)
-            want = tensor_dtypes[c.tensor]
-            if a.dtype != want:
-                a = a.view(want)  # bfloat16 is stored as its uint16 bit pattern
-            constants[c.tensor] = a
-            _release_mapped_pages(graph.data, c.offset, c.length)
-        nodes = [resolve_node(i, r, tensor_dtypes, graph.path) for i, r in enumerate(graph.nodes)]
+        try:
+            for i, c in enumerate(graph.constants):
+                # Read into a buffer of our own, copied by MLX, then dropped: the file is
+                # never mapped, so changing it later cannot touch a loaded program.
+                a = mx.array(graph.constant_array(i))
+                want = tensor_dtypes[c.tensor]
+                if a.dtype != want:
+                    a = a.view(want)  # bfloat16 is stored as its uint16 bit pattern
+                constants[c.tensor] = a
+        finally:
+            graph.close()
+        nodes = [_checked(resolve_node(i, r, tensor_dtypes, graph.path), graph)
+                 for i, r in enumerate(graph.nodes)]
         layers = _layer_geometry(graph, nodes)
         return cls(graph, constants, nodes, layers)
 
@@ -104,19 +114,22 @@ class Program:
         return f"Program({name}: {len(self.nodes)} nodes, {len(self.layers)} attention layers)"
 
 
-def _release_mapped_pages(data, offset: int, length: int) -> None:
-    """Drop a constant's mapped pages once MLX holds its own copy of it.
-
-    mx.array copies from the mapping; without this the weights would be resident twice
-    (the file's clean pages plus MLX's buffers), and releasing each constant right after
-    its copy keeps the peak near one copy. The mapping stays valid: a later read of the
-    constant (tools) faults its pages back in from the file.
-    """
-    if not isinstance(data, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED") or length == 0:
-        return
-    start = offset - offset % mmap.PAGESIZE
-    end = min(align_up(offset + length, mmap.PAGESIZE), len(data))
-    data.madvise(mmap.MADV_DONTNEED, start, end - start)
+def _checked(node: ResolvedNode, graph) -> ResolvedNode:
+    """The node with its run-time checks: output bounds, and an index guard for a gather
+    whose indices are not the host-checked ``tokens`` input."""
+    bounds = graph.bounds
+    limits = bounds.value_magnitude if node.out_kind == "value" else bounds.slot_elements
+    guard = None
+    op, fields = node.record.op, node.record.fields
+    if op == "EmbeddingNode":
+        # The verifier made the vocabulary equal to this table's rows when tokens feed it.
+        trusted = fields["indices"] == graph.inputs.get("tokens") and graph.metadata.vocab_size > 0
+        guard = None if trusted else ("indices", "weight", 0, False)
+    elif op == "GatherNode":
+        guard = ("indices", "x", node.fixed["axis"] or 0, False)
+    elif op == "SelectNode":
+        guard = ("index", "x", node.fixed["axis"] or 0, True)
+    return replace(node, guard=guard, limits=tuple(limits[s] for s in node.out_slots))
 
 
 def _layer_geometry(graph, nodes) -> dict:

@@ -5,14 +5,13 @@ and calls :meth:`GraphWriter.write`. Nodes are encoded generically from the sche
 (schema/spec.py) through the generated bindings, so a new op needs no code here.
 """
 
-import os
-from pathlib import Path
 
 import flatbuffers
 import numpy as np
 
 from mlxgraph.generated import mlxgraph_generated as fb
 from mlxgraph.schema import encode
+from mlxgraph.schema.atomic_write import write_atomically
 from mlxgraph.schema.dtypes import dtype_info
 from mlxgraph.schema.format import (
     ALIGNMENT,
@@ -129,8 +128,12 @@ class GraphWriter:
     def write(self, path) -> dict:
         """Write the file; returns {'bytes', 'flatbuffer_bytes', 'constant_bytes'}.
 
+        The file appears whole or not at all (schema/atomic_write.py).
+
         Raises:
             ValueError: the FlatBuffer part would exceed 2 GiB.
+            FileExistsError: ``path`` is a folder, device, FIFO or symlink (never replaced).
+            OSError: the write failed; an old file at ``path`` is unchanged.
         """
         # The root records where the constant segment starts, which depends on the size
         # of the FlatBuffer itself: build once to learn the size, then again for real
@@ -145,16 +148,17 @@ class GraphWriter:
         buf = self._build(segment_offset, layout, segment_length)
         if len(buf) != len(probe):
             raise AssertionError("FlatBuffer size changed between passes")
-        path = Path(path)
-        tmp = path.with_name(path.name + ".partial")
-        with open(tmp, "wb") as f:
+
+        def fill(f):
             f.write(buf)
             f.write(b"\0" * (segment_offset - len(buf)))
             for (_, offset, nbytes, _), (_, data, _) in zip(layout, self.constants):
                 assert f.tell() == offset
-                f.write(memoryview(data).cast("B"))
+                if nbytes:  # (a view of zero elements cannot be cast to bytes)
+                    f.write(memoryview(data).cast("B"))
                 f.write(b"\0" * (align_up(offset + nbytes) - offset - nbytes))
-        os.replace(tmp, path)
+
+        write_atomically(path, fill)
         return {"bytes": cursor, "flatbuffer_bytes": len(buf), "constant_bytes": segment_length}
 
     def _build(self, segment_offset, layout, segment_length=2**62) -> bytes:

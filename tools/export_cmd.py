@@ -11,7 +11,7 @@ import sys
 import time
 
 from mlxgraph.schema.format import format_version
-from mlxgraph.tools.output import fail, human_bytes, json_header_for, print_json
+from mlxgraph.tools.output import fail, human_bytes, json_header_for, positive_int, print_json
 
 
 def add_arguments(parser) -> None:
@@ -26,10 +26,12 @@ def add_arguments(parser) -> None:
                         help="compute and weight dtype of the graph (default float32)")
     parser.add_argument(
         "--max-seq-len",
-        type=int,
+        type=positive_int,
         default=2048,
         help="the most tokens one step may carry, and the recorded max context (default 2048)",
     )
+    parser.add_argument("--allow-nonfinite", action="store_true",
+                        help="export weights holding NaN or infinity (refused by default)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -69,6 +71,7 @@ def run(args) -> int:
             dtype=args.dtype,
             max_seq_len=args.max_seq_len,
             progress=progress,
+            allow_nonfinite=args.allow_nonfinite,
         )
     except ExportError as e:
         return fail(f"export: {e}")

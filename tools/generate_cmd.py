@@ -18,9 +18,13 @@ from mlxgraph.tools.output import (
     fail,
     human_bytes,
     json_header,
+    non_negative_float,
+    non_negative_int,
     parse_ids,
     peak_rss_bytes,
+    positive_int,
     print_json,
+    probability_mass,
 )
 
 DEFAULT_MAX_TOKENS = 128
@@ -33,18 +37,19 @@ def add_arguments(p) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (tokenised with the graph's recorded tokenizer)")
     src.add_argument("--prompt-ids", help="prompt token ids, comma-separated (e.g. 1,2,3)")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+    p.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,
                    help=f"most tokens to generate (default {DEFAULT_MAX_TOKENS})")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 "
-                                                                  "samples")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 "
-                                                        "= off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
-    p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: "
-                                                          "random, reported)")
-    p.add_argument("--capacity", type=int, default=None,
+    p.add_argument("--temperature", type=non_negative_float, default=0.0,
+                   help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-k", type=non_negative_int, default=0,
+                   help="sample among the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=probability_mass, default=1.0,
+                   help="nucleus sampling mass (1.0 = off)")
+    p.add_argument("--seed", type=non_negative_int, default=None,
+                   help="random seed for sampling (default: random, reported)")
+    p.add_argument("--capacity", type=positive_int, default=None,
                    help="KV cache capacity in tokens (default: the graph's max context)")
-    p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
+    p.add_argument("--prefill-chunk", type=positive_int, default=DEFAULT_PREFILL_CHUNK,
                    help=f"prompt tokens per prefill step (default {DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--kv-dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="KV cache storage dtype (default: the compute dtype)")
@@ -76,7 +81,7 @@ def _check_args(args) -> None:
         raise ToolError(f"--capacity must be >= 1, got {args.capacity}")
     if args.window is not None and args.window < 1:
         raise ToolError(f"--window must be >= 1, got {args.window}")
-    if not os.path.isfile(args.graph):
+    if not os.path.exists(args.graph):
         raise ToolError(f"{args.graph}: no such file")
 
 
@@ -196,7 +201,7 @@ def _run(args, blas) -> int:
     except (GraphRuntimeError, SessionError, CacheError) as e:
         if not args.json:
             out.write("\n")
-        print(f"mlxgraph: generate: {e}", file=sys.stderr)
+        print(printable(f"mlxgraph: generate: {e}"), file=sys.stderr)
         return 1
     except ToolError as e:  # the prompt cache could not be written
         if not args.json:
