@@ -9,14 +9,13 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from mlxgraph.exporter.adapter import AdapterError, DecoderAdapter
 from mlxgraph.exporter.builtins import BUILTINS, builtin_model
+from mlxgraph.exporter.finite_weights import nonfinite_weights
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
 from mlxgraph.schema.atomic_write import check_replaceable
-from mlxgraph.schema.dtypes import dtype_info
 from mlxgraph.schema.records import ModelInfo
 from mlxgraph.schema.writer import GraphWriter
 
@@ -173,26 +172,6 @@ def decompose(ep):
             raise TraceError(_first_lines("run_decompositions failed", e)) from e
 
 
-def check_finite_constants(writer) -> None:
-    """Refuse constants holding NaN or infinity: a graph computed from them is garbage.
-
-    Raises:
-        ExportError: names the first such constant and how many values are not finite.
-    """
-    for slot, data, _ in writer.constants:
-        name, dtype = writer.tensors[slot][0], writer.tensors[slot][1]
-        info = dtype_info(dtype)
-        if not info.is_float or data.size == 0:
-            continue
-        if info.name == "bfloat16":
-            bad = int(np.count_nonzero((data & 0x7F80) == 0x7F80))  # all-ones exponent: inf or NaN
-        else:
-            bad = int(data.size - np.count_nonzero(np.isfinite(data)))
-        if bad:
-            raise ExportError(f"weight {name} has {bad} non-finite values (NaN or infinity); "
-                              "refusing to export it (--allow-nonfinite exports it anyway)")
-
-
 def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, progress=None,
            allow_nonfinite: bool = False) -> dict:
     """Export a decoder to a graph file.
@@ -267,8 +246,9 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
     writer = GraphWriter(producer=f"mlxgraph exporter (torch {torch.__version__})")
     lowered = step("lowering", lambda: lower_program(ep, writer, output_names=("logits",)))
     writer.metadata = model_info(m, adapter, source, max_seq_len, dtype)
-    if not allow_nonfinite:
-        check_finite_constants(writer)
+    refusal = None if allow_nonfinite else nonfinite_weights(writer)
+    if refusal:
+        raise ExportError(refusal)
     sizes = step("writing", lambda: writer.write(out_path))
     ops = Counter(n.op[:-4] if n.op.endswith("Node") else n.op for n in writer.nodes)
     return {

@@ -13,6 +13,9 @@ from collections import deque
 
 import mlx.core as mx
 
+from mlxgraph.interpreter.errors import GraphRuntimeError
+from mlxgraph.schema.spec import op_spec
+
 
 def clamp_indices(indices: mx.array, size: int, wrap_negative: bool = False):
     """``(safe, flag)``: indices clamped into ``[0, size)`` and a lazy 0-d bool, True when
@@ -115,3 +118,15 @@ def check_output(node, result) -> None:
                 f"an output of shape {tuple(arr.shape)} ({arr.size} elements) exceeds the "
                 f"{limit} elements its slot's declared shape allows"
             )
+
+
+def failed_check_error(program, start: int, n_new: int, node, rewound: str, fail) -> Exception:
+    """The error of a failed index check: SessionError (``fail``) for a lazy token id
+    (``node`` None), else GraphRuntimeError naming the gather node."""
+    where = (f"in the step at positions {start}..{start + n_new - 1} (its floating outputs "
+             f"are NaN); {rewound}")
+    if node is None:
+        vocab = program.metadata.vocab_size
+        return fail(f"a token id outside the vocabulary [0, {vocab}) {where}")
+    return GraphRuntimeError(program.path, node.index, op_spec(node.record.op).short_name,
+                             node.record.provenance, f"an index outside its table {where}")

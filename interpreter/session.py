@@ -14,6 +14,7 @@ from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
 from mlxgraph.interpreter.index_guard import (
     PendingChecks,
     check_output,
+    failed_check_error,
     guard_node_indices,
     poison,
 )
@@ -193,34 +194,23 @@ class Session(SessionState):
         return self._lock.hold(self.cache_state)
 
     def check(self) -> None:
-        """Read back every pending index check now (evaluating what it needs).
-
-        Raises:
-            SessionError: an ``mx.array`` of token ids held an id outside the vocabulary.
-            GraphRuntimeError: a gather's index computed in the graph was out of range.
-            Either way the session was first rewound to before the step at fault.
-        """
+        """Read back every pending index check now (evaluating what it needs). Raises
+        SessionError (a lazy token id outside the vocabulary) or GraphRuntimeError (a gather's
+        computed index out of range), after rewinding to before that step."""
         with self._exclusive():
             self._raise_failed_checks(keep_latest=False)
 
     def _raise_failed_checks(self, keep_latest: bool) -> None:
-        failed = self._pending.first_failure(keep_latest)
-        if failed is None:
+        if (failed := self._pending.first_failure(keep_latest)) is None:
             return
         start, n_new, node = failed
         try:
             self._trim(self._length - start)
             rewound = f"the session was rewound to position {start}"
-        except CacheError:
+        except CacheError:  # a ring that wrapped past the step
             self._reset()
             rewound = "the session could not rewind that far and was reset"
-        where = (f"in the step at positions {start}..{start + n_new - 1} (its floating outputs "
-                 f"are NaN); {rewound}")
-        if node is None:
-            vocab = self.program.metadata.vocab_size
-            raise self._fail(f"a token id outside the vocabulary [0, {vocab}) {where}")
-        raise GraphRuntimeError(self.program.path, node.index, op_spec(node.record.op).short_name,
-                                node.record.provenance, f"an index outside its table {where}")
+        raise failed_check_error(self.program, start, n_new, node, rewound, self._fail)
 
     def _step(self, tokens, positions, observer):
         self._raise_failed_checks(keep_latest=True)

@@ -11,7 +11,8 @@ import pytest
 from tiny_graph import build_tiny_graph
 
 import mlxgraph
-from mlxgraph.exporter.pipeline import ExportError, check_finite_constants, export
+from mlxgraph.exporter.finite_weights import nonfinite_weights
+from mlxgraph.exporter.pipeline import ExportError, export
 from mlxgraph.schema.atomic_write import write_atomically
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.reader import open_graph
@@ -86,15 +87,22 @@ def test_file_size_limit_failure_keeps_the_old_file(tmp_path):
 
 def test_nonfinite_weights_are_refused_unless_allowed(tmp_path):
     for bad in (np.array([1.0, np.nan], np.float32), np.array([np.inf], np.float16)):
-        with pytest.raises(ExportError, match="non-finite values .*--allow-nonfinite"):
-            check_finite_constants(_writer(bad))
+        assert "non-finite values" in nonfinite_weights(_writer(bad))
     w = GraphWriter()
     w.add_constant("bf", np.array([0x3F80, 0x7FC0], np.uint16), dtype="bfloat16")  # 1.0, NaN
-    with pytest.raises(ExportError, match="weight bf has 1 non-finite"):
-        check_finite_constants(w)
-    check_finite_constants(_writer())
+    assert nonfinite_weights(w).startswith("weight bf has 1 non-finite")
+    assert nonfinite_weights(_writer()) is None
     with pytest.raises(ExportError, match="refusing to replace it"):
         export("tiny-llama", "/dev/null")  # refused before the (slow) export starts
+    import torch
+    from conftest import tiny_hf_model
+
+    model = tiny_hf_model("llama")
+    with torch.no_grad():
+        model.model.norm.weight[0] = float("nan")
+    with pytest.raises(ExportError, match="model.norm.weight has 1 non-finite .*--allow-nonfinite"):
+        export(model, tmp_path / "nan.mlxg")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_loaded_program_survives_its_file_changing(tmp_path):
