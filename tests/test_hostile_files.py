@@ -12,6 +12,7 @@ import textwrap
 
 import hostile_graphs as hg
 import pytest
+from tool_helpers import run_cli
 
 import mlxgraph
 from mlxgraph.schema.errors import GraphFormatError
@@ -76,11 +77,15 @@ def test_refused_at_load(name, data, match):
         mlxgraph.load(data())
 
 
-def test_element_limit_is_a_load_option():
+def test_element_limit_is_a_load_option(tmp_path, capsys):
     data = hg.full_of([4096, 8192])  # 32M elements: over the default for this file
     with pytest.raises(GraphFormatError, match="more than the limit"):
         mlxgraph.load(data)
     mlxgraph.load(data, element_limit=2**26)  # its owner may allow more
+    path = tmp_path / "big.mlxg"
+    path.write_bytes(data)
+    assert run_cli(capsys, "verify", path)[0] == 1
+    assert run_cli(capsys, "verify", path, "--element-limit", 2**26)[0] == 0
 
 
 PRELUDE = """

@@ -110,6 +110,11 @@ def positive_int(text: str) -> int:
     return _number(int, text, lambda v: 1 <= v <= 2**31 - 1, "an integer in [1, 2**31 - 1]")
 
 
+def positive_count(text: str) -> int:
+    """argparse type: an int >= 1 below 2**63 (an element limit)."""
+    return _number(int, text, lambda v: 1 <= v < 2**63, "an integer in [1, 2**63)")
+
+
 def non_negative_float(text: str) -> float:
     """argparse type: a finite float >= 0 (a temperature)."""
     return _number(float, text, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")

@@ -1,4 +1,4 @@
-"""`mlxgraph verify FILE [--deep] [--json]`: is this a valid graph file?
+"""`mlxgraph verify FILE [--deep] [--element-limit N] [--json]`: is this a valid graph file?
 
 Exit 0 and ``FILE: valid (format 1.0, N nodes, M constants, X MB)`` on stdout; exit 1 and
 one line ``FILE: invalid: <reason>`` on stderr; exit 2 when the file cannot be read.
@@ -9,7 +9,7 @@ import sys
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.reader import read_file
 from mlxgraph.schema.verifier import peek_version, verify_report
-from mlxgraph.tools.output import fail, json_header_for, print_json, printable
+from mlxgraph.tools.output import fail, json_header_for, positive_count, print_json, printable
 
 
 def add_arguments(parser) -> None:
@@ -19,6 +19,11 @@ def add_arguments(parser) -> None:
         "--deep",
         action="store_true",
         help="also hash every constant and compare with its recorded hash",
+    )
+    parser.add_argument(
+        "--element-limit", type=positive_count, default=None, metavar="N",
+        help="the most elements one tensor of a step may have (default: the file's own limit, "
+             "as mlxgraph.load(path, element_limit=N))",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the result as JSON (docs/json-output.md)"
@@ -37,7 +42,8 @@ def run(args) -> int:
     except OSError as e:
         return fail(f"verify: {printable(args.file)}: cannot read: {e.strerror or e}")
     try:
-        report = verify_report(data, path=args.file, deep=args.deep, size=size, constants=constants)
+        report = verify_report(data, path=args.file, deep=args.deep, size=size, constants=constants,
+                               element_limit=args.element_limit)
     except GraphFormatError as e:
         if args.json:
             version = peek_version(data)
