@@ -26,3 +26,4 @@ def allocatable_bytes() -> int | None:
     """The most bytes a new allocation may take now (None when nothing is known)."""
     limits = [b for b in (_available_system_bytes(), mx.get_memory_limit()) if b]
     return min(limits) if limits else None
+

@@ -39,7 +39,7 @@ def test_base_exception_mid_step_rolls_back(tiny, exc):
     with pytest.raises(exc):
         session.step([[4, 5]], [3, 4], observer=interrupt)
     assert session.length == 3
-    assert _matches(session, oracle, [4, 5])  # every store accepts the next step
+    assert _matches(session, oracle, [4, 5])       # every store accepts the next step
     assert session.trim(2) == 3
 
 
@@ -66,13 +66,13 @@ def test_concurrent_step_is_refused_and_changes_nothing(tiny):
     assert len(errors) == 3 and all("in use by another thread" in e for e in errors)
     assert session.length == 1
     oracle.step(np.array([1]))
-    assert _matches(session, oracle, [2, 3])  # continued from the main thread
+    assert _matches(session, oracle, [2, 3])       # continued from the main thread
 
 
 def test_unevaluated_step_from_another_thread_is_a_clear_error(tiny):
     path, wts = tiny
     session, oracle = mlxgraph.load(path).session(capacity=16), TinyOracle(wts)
-    session.step([[1, 2]], [0, 1])  # lazy: built on this thread's stream
+    session.step([[1, 2]], [0, 1])                 # lazy: built on this thread's stream
     seen = []
 
     def other():
@@ -92,22 +92,19 @@ def test_unevaluated_step_from_another_thread_is_a_clear_error(tiny):
     t = threading.Thread(target=lambda: result.append(_matches(session, oracle, [3])))
     t.start()
     t.join(30)
-    assert result == [True]  # evaluated: any thread may continue
+    assert result == [True]                        # evaluated: any thread may continue
 
 
-@pytest.mark.parametrize(
-    "kwargs, match",
-    [
-        ({"capacity": 0}, "capacity must be an int"),
-        ({"capacity": 2**31}, "capacity must be an int"),
-        ({"capacity": 3.5}, "capacity must be an int"),
-        ({"capacity": True}, "capacity must be an int"),
-        ({"max_step": 0}, "max_step must be an int"),
-        ({"windows": -1}, "window of layer 0 must be an int"),
-        ({"windows": {0: 2.5}}, "window of layer 0 must be an int"),
-        ({"windows": "4"}, "windows must be an int or"),
-    ],
-)
+@pytest.mark.parametrize("kwargs, match", [
+    ({"capacity": 0}, "capacity must be an int"),
+    ({"capacity": 2**31}, "capacity must be an int"),
+    ({"capacity": 3.5}, "capacity must be an int"),
+    ({"capacity": True}, "capacity must be an int"),
+    ({"max_step": 0}, "max_step must be an int"),
+    ({"windows": -1}, "window of layer 0 must be an int"),
+    ({"windows": {0: 2.5}}, "window of layer 0 must be an int"),
+    ({"windows": "4"}, "windows must be an int or"),
+])
 def test_bad_options_are_refused(tiny, kwargs, match):
     with pytest.raises(SessionError, match=match):
         mlxgraph.load(tiny[0]).session(**kwargs)
