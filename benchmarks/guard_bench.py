@@ -30,7 +30,7 @@ BLAS = preload_blas()  # as `mlxgraph generate` does, before mlx is imported
 import mlx.core as mx  # noqa: E402
 
 import mlxgraph  # noqa: E402
-from mlxgraph.interpreter import step_inputs  # noqa: E402
+from mlxgraph.interpreter import session as session_module  # noqa: E402
 from mlxgraph.tools.generation import GenerationStats, generate  # noqa: E402
 from mlxgraph.tools.output import json_header_for  # noqa: E402
 from mlxgraph.tools.synthetic import llama  # noqa: E402
@@ -66,12 +66,12 @@ def main(argv=None) -> int:
         llama(**TINY).write(path)
         program = mlxgraph.load(path)
     prompt = list(range(1, 129))
-    guarded_tokens = step_inputs.StepInputs.tokens
+    guarded_tokens = session_module.checked_tokens
 
-    def unguarded_tokens(self, tokens):
+    def unguarded_tokens(tokens, vocab, fail):
         if isinstance(tokens, mx.array):
             return tokens, None  # the session before this check: lazy ids went in as they were
-        return guarded_tokens(self, tokens)
+        return guarded_tokens(tokens, vocab, fail)
 
     results = {"checked": [], "unchecked": []}
     cpu_ms = {"checked": [], "unchecked": []}
@@ -80,13 +80,13 @@ def main(argv=None) -> int:
     for run in range(args.runs):
         # ABBA order: a load that drifts during the run favours neither variant.
         for name in ("checked", "unchecked")[:: 1 if run % 2 == 0 else -1]:
-            step_inputs.StepInputs.tokens = (
+            session_module.checked_tokens = (
                 guarded_tokens if name == "checked" else unguarded_tokens
             )
             tps, ms = _decode(program, args.tokens, prompt)
             results[name].append(tps)
             cpu_ms[name].append(ms)
-    step_inputs.StepInputs.tokens = guarded_tokens
+    session_module.checked_tokens = guarded_tokens
     med = {k: statistics.median(v) for k, v in results.items()}
     # Each run's checked/unchecked pair ran back to back: the median of their ratios is the
     # figure least moved by a machine whose load changes between runs.
