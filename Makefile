@@ -9,7 +9,8 @@ export HF_HUB_OFFLINE := 1
 
 .PHONY: venv demo test test-slow generate lint bench blas
 
-$(STAMP): pyproject.toml
+# setup.py builds the optional C BLAS router (interpreter/native/blas_router.c) in place.
+$(STAMP): pyproject.toml setup.py interpreter/native/blas_router.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[export,dev]"
 	touch $(STAMP)
@@ -20,7 +21,8 @@ $(BENCH_STAMP): $(STAMP)
 
 venv: $(STAMP)
 
-# Debian's OpenBLAS: MLX's matrix products run ~30x faster with it (README, "Fast BLAS").
+# Debian's OpenBLAS: optional (pip's scipy-openblas32 is the default fast BLAS); the BLAS
+# benchmark compares the two (README, "Fast BLAS").
 blas:
 	apt-get update -qq && apt-get install -y -qq libopenblas0-pthread
 
@@ -45,6 +47,7 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/cache_bench.py
 	$(PY) benchmarks/tools_bench.py
 	$(PY) benchmarks/export_bench.py
+	$(PY) benchmarks/blas_bench.py
 	$(PY) benchmarks/generate_bench.py
 	$(PY) benchmarks/session_state_bench.py
 	$(PY) benchmarks/guard_bench.py

@@ -8,7 +8,7 @@ and where its outputs go.
 from dataclasses import dataclass
 
 from mlxgraph.interpreter.kernels import get_kernel
-from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
+from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype, widened
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.spec import op_spec
 
@@ -42,7 +42,7 @@ def _operand_read(op):
     return LITERAL, op.python_value()
 
 
-def resolve_node(index, record, tensor_dtypes, path) -> ResolvedNode:
+def resolve_node(index, record, tensor_dtypes, path, widen=False) -> ResolvedNode:
     """Resolve node ``index`` (its NodeRecord) against the kernel registry.
 
     Raises:
@@ -84,7 +84,7 @@ def resolve_node(index, record, tensor_dtypes, path) -> ResolvedNode:
             else:
                 out_slots = (value,)
         elif f.type == "DType":
-            fixed[f.name] = None if value is None else to_mx_dtype(value)
+            fixed[f.name] = None if value is None else widened(to_mx_dtype(value), widen)
         else:
             fixed[f.name] = value
     dtypes = tuple(tensor_dtypes[s] for s in out_slots) if out_kind != "value" else ()

@@ -96,7 +96,7 @@ class Session(SessionState):
         self._reset()
         if self._preallocate:
             check_preallocation(self.stores, self.kv_dtype, self.capacity, program.path)
-        self._input_plan = plan_inputs(program.graph)
+        self._input_plan = plan_inputs(program.graph, program.tensor_dtypes)
 
     def _fail(self, reason: str) -> SessionError:
         """A SessionError naming the graph file."""

@@ -8,12 +8,12 @@ import mlx.core as mx
 import numpy as np
 
 from mlxgraph.interpreter.index_guard import clamp_indices
-from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
 from mlxgraph.schema.errors import GraphFormatError
 
 
-def plan_inputs(graph) -> list:
-    """(name, slot, mx dtype or None, [(axis, int size or Symbol)]) for each graph input.
+def plan_inputs(graph, tensor_dtypes) -> list:
+    """(name, slot, mx dtype or None, [(axis, int size or Symbol)]) for each graph input;
+    ``tensor_dtypes``: the program's dtype per tensor slot (after any widening).
 
     Raises:
         GraphFormatError: an input dim is dynamic without a symbol (it could not be bound).
@@ -31,7 +31,7 @@ def plan_inputs(graph) -> list:
                 dims.append((axis, sym))
             else:
                 dims.append((axis, d))
-        plan.append((name, slot, to_mx_dtype(t.dtype) if t.dtype else None, dims))
+        plan.append((name, slot, tensor_dtypes[slot], dims))
     return plan
 
 

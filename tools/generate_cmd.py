@@ -15,6 +15,7 @@ import sys
 from mlxgraph.tools.output import (
     ToolError,
     check_vocab,
+    compute_note,
     fail,
     human_bytes,
     json_header,
@@ -53,6 +54,8 @@ def add_arguments(p) -> None:
                    help=f"prompt tokens per prefill step (default {DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--kv-dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="KV cache storage dtype (default: the compute dtype)")
+    p.add_argument("--compute-dtype", choices=("float32",), default=None,
+                   help="widen a float16/bfloat16 graph to float32 at load (faster on CPU)")
     p.add_argument("--kv-bits", type=int, choices=(4, 8), default=None,
                    help="store the KV cache quantized to 4 or 8 bits "
                         "(group-wise affine; default: floats)")
@@ -107,7 +110,7 @@ def _prepare(args):
     from mlxgraph.tools.tokenizer import TokenizerError, load_tokenizer
 
     try:
-        program = Program.load(args.graph)
+        program = Program.load(args.graph, compute_dtype=args.compute_dtype)
     except GraphFormatError as e:
         raise ToolError(str(e)) from None
     except OSError as e:
@@ -210,6 +213,7 @@ def _run(args, blas) -> int:
     if stats.stop_reason == "max_tokens" and max_tokens < args.max_tokens:
         stats.stop_reason = "capacity"
     doc = _stats_doc(stats, blas, sampler, mx)
+    doc["stats"]["compute"] = program.compute_info()
     doc["kv_cache"] = {**{k: session.policy[k] for k in ("kv_dtype", "kv_bits", "kv_group_size")},
                        "approximations": {str(k): v for k, v in session.approximations.items()}}
     doc["prompt_cache"] = cache_report.as_dict() if cache_report else None
@@ -261,8 +265,7 @@ def _stats_doc(stats, blas, sampler, mx) -> dict:
             "decode_tokens_per_second": stats.decode_tps,
             "peak_memory_bytes": int(mx.get_peak_memory()),
             "peak_rss_bytes": peak_rss_bytes(),
-            "blas": {"name": blas.name, "path": blas.path, "preloaded": blas.preloaded,
-                     "detail": blas.detail},
+            "blas": blas.as_dict(),
         },
     }
 
@@ -280,6 +283,9 @@ def _print_stats(stats, doc, blas, err) -> None:
           f"{human_bytes(s['peak_rss_bytes'])} process RSS",
           file=err)
     print(f"BLAS         {blas.describe()}", file=err)
+    note = compute_note(s["compute"])
+    if note:
+        print(f"compute      {note}", file=err)
 
 
 def _print_cache_notes(doc, err) -> None:

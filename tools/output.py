@@ -262,3 +262,15 @@ def fmt_num(x) -> str:
 def shape_str(shape) -> str:
     """A slot shape as '[1, T, 768]' (None = dynamic as '?')."""
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def compute_note(compute: dict) -> str:
+    """generate's line on the dtypes computed in, for a half-precision graph ('' otherwise)."""
+    dtypes = ", ".join(compute["dtypes"])
+    if compute["widened_from"]:
+        widened = ", ".join(compute["widened_from"])
+        return f"{dtypes} (widened from {widened} at load: --compute-dtype)"
+    if {"float16", "bfloat16"} & set(compute["dtypes"]):
+        return (f"{dtypes}: MLX's half-precision matmuls on CPU are 20-50x slower than float32; "
+                "--compute-dtype float32 widens at load")
+    return ""
