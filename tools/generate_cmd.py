@@ -15,7 +15,6 @@ import sys
 from mlxgraph.tools.output import (
     ToolError,
     check_vocab,
-    compute_note,
     fail,
     human_bytes,
     json_header,
@@ -24,6 +23,7 @@ from mlxgraph.tools.output import (
     parse_ids,
     peak_rss_bytes,
     positive_int,
+    print_compute_note,
     print_json,
     probability_mass,
 )
@@ -54,8 +54,7 @@ def add_arguments(p) -> None:
                    help=f"prompt tokens per prefill step (default {DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--kv-dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="KV cache storage dtype (default: the compute dtype)")
-    p.add_argument("--compute-dtype", choices=("float32",), default=None,
-                   help="widen a float16/bfloat16 graph to float32 at load (faster on CPU)")
+    p.add_argument("--compute-dtype", choices=("float32",), help="widen float16/bfloat16 at load")
     p.add_argument("--kv-bits", type=int, choices=(4, 8), default=None,
                    help="store the KV cache quantized to 4 or 8 bits "
                         "(group-wise affine; default: floats)")
@@ -169,7 +168,7 @@ def _run(args, blas) -> int:
     from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
     from mlxgraph.interpreter.kv_cache import CacheError
     from mlxgraph.tools.generation import GenerationStats, generate
-    from mlxgraph.tools.tokenizer import printable
+    from mlxgraph.tools.tokenizer import decode_all, printable
 
     try:
         program, tokenizer, prompt_ids, session, sampler, max_tokens, cache_report = _prepare(args)
@@ -218,7 +217,7 @@ def _run(args, blas) -> int:
                        "approximations": {str(k): v for k, v in session.approximations.items()}}
     doc["prompt_cache"] = cache_report.as_dict() if cache_report else None
     if args.json:
-        body = _decode(tokenizer, tokens) if tokenizer else None
+        body = decode_all(tokenizer, tokens) if tokenizer else None
         print_json({**json_header({"file": program.graph}), "graph": str(args.graph),
                     "prompt_ids": list(prompt_ids), "token_ids": tokens, "text": body,
                     "stop_reason": stats.stop_reason, **doc})
@@ -238,18 +237,12 @@ def _run(args, blas) -> int:
     return 0
 
 
-def _decode(tokenizer, ids) -> str:
-    """The text of ``ids`` as the stream decoder gives it (specials skipped)."""
-    dec = tokenizer.stream_decoder()
-    return "".join(dec.add(t) for t in ids) + dec.flush()
-
-
 def _echo_ids(tokenizer, ids) -> str:
-    from mlxgraph.tools.tokenizer import printable
+    from mlxgraph.tools.tokenizer import decode_all, printable
 
     if tokenizer is None:
         return " ".join(str(i) for i in ids) + " |"
-    return printable(_decode(tokenizer, ids))
+    return printable(decode_all(tokenizer, ids))
 
 
 def _stats_doc(stats, blas, sampler, mx) -> dict:
@@ -283,9 +276,7 @@ def _print_stats(stats, doc, blas, err) -> None:
           f"{human_bytes(s['peak_rss_bytes'])} process RSS",
           file=err)
     print(f"BLAS         {blas.describe()}", file=err)
-    note = compute_note(s["compute"])
-    if note:
-        print(f"compute      {note}", file=err)
+    print_compute_note(s["compute"], err)
 
 
 def _print_cache_notes(doc, err) -> None:

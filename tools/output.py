@@ -264,6 +264,13 @@ def shape_str(shape) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
+def print_compute_note(compute: dict, err) -> None:
+    """Print generate's compute line when the note says something."""
+    note = compute_note(compute)
+    if note:
+        print(f"compute      {note}", file=err)
+
+
 def compute_note(compute: dict) -> str:
     """generate's line on the dtypes computed in, for a half-precision graph ('' otherwise)."""
     dtypes = ", ".join(compute["dtypes"])
