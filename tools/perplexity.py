@@ -35,19 +35,19 @@ def nll_sum(logits, targets) -> float:
     return float((log_norm - picked).sum())
 
 
-def graph_nll(program, window, kv_dtype=None) -> float:
+def graph_nll(program, window, **session_options) -> float:
     """Summed NLL (nats) of ``window[1:]`` given ``window[:-1]``, run by the graph ``program``.
 
     Args:
         program: a loaded mlxgraph Program; window: token ids (at least 2);
-        kv_dtype: the session's KV storage dtype (None: the compute dtype).
+        session_options: passed to ``program.session`` (e.g. kv_dtype, kv_bits).
     Raises:
-        SessionError: the window is longer than the graph's max T + 1.
+        SessionError: the window is longer than the graph's max T + 1, or a bad option.
     """
     import mlx.core as mx
 
     inputs = np.asarray(window[:-1], dtype=np.int32)[None]
-    session = program.session(capacity=len(window) - 1, kv_dtype=kv_dtype)
+    session = program.session(capacity=len(window) - 1, **session_options)
     logits = session.step(mx.array(inputs), range(inputs.shape[1]))[0]
     # numpy has no bfloat16: widen on the MLX side first.
     return nll_sum(np.array(logits.astype(mx.float32)), window[1:])
