@@ -29,16 +29,16 @@ from tiny_code_corpus import read_corpus, stdlib_root  # noqa: E402 - after the 
 
 # (row, graph dtype, session options, relative tolerance of the summed held-out loss against
 # transformers float32). float32 is the same computation: 1e-4. The others round weights,
-# activations or the KV cache on purpose; their tolerances are about 3x what they measure
+# activations or the KV cache on purpose; their tolerances are about 10x what they measure
 # on this model (docs/precision.md), so a regression shows.
 ROWS = [
     ("float32", "float32", {}, 1e-4),
-    ("float16", "float16", {}, 5e-3),
-    ("bfloat16", "bfloat16", {}, 3e-2),
-    ("float32, KV float16", "float32", {"kv_dtype": "float16"}, 5e-3),
-    ("float32, KV bfloat16", "float32", {"kv_dtype": "bfloat16"}, 3e-2),
-    ("float32, KV 8-bit", "float32", {"kv_bits": 8}, 3e-2),
-    ("float32, KV 4-bit", "float32", {"kv_bits": 4}, 1e-1),
+    ("float16", "float16", {}, 2e-5),
+    ("bfloat16", "bfloat16", {}, 1e-3),
+    ("float32, KV float16", "float32", {"kv_dtype": "float16"}, 1e-5),
+    ("float32, KV bfloat16", "float32", {"kv_dtype": "bfloat16"}, 2e-4),
+    ("float32, KV 8-bit", "float32", {"kv_bits": 8}, 1e-4),
+    ("float32, KV 4-bit", "float32", {"kv_bits": 4}, 1e-2),
 ]
 
 
