@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from mlxgraph.exporter.adapter import AdapterError, DecoderAdapter
-from mlxgraph.exporter.builtins import BUILTINS, builtin_model
+from mlxgraph.exporter.builtins import BUILTINS, TRAINED_BUILTINS, builtin_model
 from mlxgraph.exporter.finite_weights import nonfinite_weights
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
 from mlxgraph.schema.atomic_write import check_replaceable
@@ -23,6 +23,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # Graph inputs: int32 because MLX indexes and embeds with int32 natively; int64 would
 # buy nothing below 2**31 tokens or positions.
 INPUT_DTYPE = torch.int32
+DEFAULT_MAX_SEQ_LEN = 2048
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 
 
@@ -57,9 +58,10 @@ def load_model(model, dtype: str):
     name = str(model)
     if name in BUILTINS:
         return builtin_model(name).to(DTYPES[dtype]), {"source": name, "tokenizer": "byte"}
-    folder = Path(name)
+    # A trained built-in is a Hugging Face folder shipped in the package: the same path as any.
+    folder = TRAINED_BUILTINS.get(name, Path(name))
     if not (folder / "config.json").is_file():
-        known = ", ".join(BUILTINS)
+        known = ", ".join([*TRAINED_BUILTINS, *BUILTINS])
         raise ExportError(
             f"unknown model {name!r}: not a folder with config.json, nor a built-in ({known})"
         )
@@ -172,17 +174,19 @@ def decompose(ep):
             raise TraceError(_first_lines("run_decompositions failed", e)) from e
 
 
-def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, progress=None,
-           allow_nonfinite: bool = False) -> dict:
+def export(model, out_path, dtype: str = "float32", max_seq_len: int | None = None,
+           progress=None, allow_nonfinite: bool = False) -> dict:
     """Export a decoder to a graph file.
 
     Args:
         model: a Hugging Face model folder (config.json + safetensors), a built-in name
-            (tiny-llama, tiny-qwen2, tiny-mistral, tiny-gemma3, tiny-phi3), or a
-            ``*ForCausalLM`` module (converted to ``dtype`` and eval mode in place).
+            (tiny-code, the trained one; tiny-llama, tiny-qwen2, tiny-mistral, tiny-gemma3,
+            tiny-phi3, random), or a ``*ForCausalLM`` module (converted to ``dtype`` and
+            eval mode in place).
         out_path: the .mlxg file to write.
         dtype: float32, float16 or bfloat16: the graph's compute and weight dtype.
-        max_seq_len: the largest step (tokens per call) and the recorded max context.
+        max_seq_len: the largest step (tokens per call) and the recorded max context;
+            default 2048, or the model's max_position_embeddings when that is smaller.
         progress: optional ``fn(message)`` called as each long step starts.
         allow_nonfinite: export weights holding NaN or infinity (refused by default).
     Returns:
@@ -197,8 +201,7 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
         UnsupportedOpsError: ops without a lowering (all listed, with their sources).
     """
     progress = progress or _no_progress
-    max_seq_len = int(max_seq_len)
-    if max_seq_len < 2:
+    if max_seq_len is not None and int(max_seq_len) < 2:
         raise ExportError(f"max_seq_len must be at least 2, got {max_seq_len}")
     out_dir = Path(out_path).resolve().parent
     if not out_dir.is_dir():
@@ -218,6 +221,9 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
 
     m, source = step("loading", lambda: load_model(model, dtype))
     limit = getattr(m.config, "max_position_embeddings", None)
+    if max_seq_len is None:
+        max_seq_len = min(DEFAULT_MAX_SEQ_LEN, int(limit)) if limit else DEFAULT_MAX_SEQ_LEN
+    max_seq_len = int(max_seq_len)
     if limit and max_seq_len > int(limit):
         # Past it, learned position tables index out of range and rotary models leave the
         # context they were trained for: the recorded max context would be a promise the
@@ -280,4 +286,5 @@ __all__ = [
     "decompose",
     "DTYPES",
     "INPUT_DTYPE",
+    "DEFAULT_MAX_SEQ_LEN",
 ]

@@ -18,8 +18,9 @@ def add_arguments(parser) -> None:
     """Declare the command's arguments."""
     parser.add_argument(
         "model",
-        help="a Hugging Face model folder (config.json + safetensors) or a "
-        "built-in name: tiny-llama, tiny-qwen2, tiny-mistral, tiny-gemma3, tiny-phi3",
+        help="a Hugging Face model folder (config.json + safetensors) or a built-in name: "
+        "tiny-code (trained on Python code), or tiny-llama, tiny-qwen2, tiny-mistral, "
+        "tiny-gemma3, tiny-phi3 (seeded random weights)",
     )
     parser.add_argument("-o", "--output", required=True, help="the .mlxg file to write")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
@@ -27,8 +28,9 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--max-seq-len",
         type=positive_int,
-        default=2048,
-        help="the most tokens one step may carry, and the recorded max context (default 2048)",
+        default=None,
+        help="the most tokens one step may carry, and the recorded max context "
+        "(default 2048, or the model's max_position_embeddings when smaller)",
     )
     parser.add_argument("--allow-nonfinite", action="store_true",
                         help="export weights holding NaN or infinity (refused by default)")

@@ -229,8 +229,9 @@ def _run(args, blas) -> int:
     _print_stats(stats, doc, blas, sys.stderr)
     _print_cache_notes(doc, sys.stderr)
     source = program.metadata.extra.get("source", "")
-    if source.startswith("tiny-"):
-        # The built-ins are for trying the pipeline: say why their text reads as noise.
+    if source.startswith("tiny-") and program.metadata.tokenizer == "byte":
+        # The random built-ins are for trying the pipeline: say why their text reads as noise
+        # (tiny-code, the trained one, has a real tokenizer and reads like Python).
         print(f"model        {source}: seeded random weights, so the text is noise; export a "
               "Hugging Face "
               "model folder for real text", file=sys.stderr)
