@@ -1,8 +1,9 @@
 """mlxgraph: PyTorch language models as portable graph files, run on MLX.
 
 The public entry point is :func:`load`; docs/architecture.md#python-api describes the
-API. Importing this package imports neither mlx nor torch (so a fast BLAS can still be
-preloaded first); the error types below are resolved on first use.
+API. Importing this package imports neither mlx nor torch, so :func:`load` (or
+:func:`preload_blas`) can still put an optimised BLAS under MLX first; the error types
+below are resolved on first use.
 """
 
 __version__ = "0.1.0"
@@ -16,21 +17,40 @@ _LAZY = {
     "CacheFileError": "mlxgraph.interpreter.errors",
     "Program": "mlxgraph.interpreter.program",
     "Session": "mlxgraph.interpreter.session",
+    "BlasError": "mlxgraph.interpreter.blas",
+    "BlasInfo": "mlxgraph.interpreter.blas",
+    "BlasPreloadWarning": "mlxgraph.interpreter.blas",
+    "blas_in_use": "mlxgraph.interpreter.blas",
+    "preload_blas": "mlxgraph.interpreter.blas",
 }
 
 
-def load(path):
+def load(path, element_limit=None, compute_dtype=None):
     """Load and verify a graph file; return an immutable :class:`Program`.
+
+    First puts an optimised BLAS under MLX (:func:`preload_blas`) when MLX is not imported
+    yet; when it already is, warns once (:class:`BlasPreloadWarning`) that matrix
+    products run on MLX's slow bundled BLAS.
 
     Args:
         path: the ``.mlxg`` file.
+        element_limit: the most elements one tensor of a step may have (None: the file's
+            default, a few times its constants plus its KV cache at max context).
+        compute_dtype: ``"float32"`` widens a float16/bfloat16 graph at load (weights and
+            every half-precision tensor), since MLX's half-precision matmuls on CPU are
+            20-50x slower than float32; ``None`` (default) runs the graph as stored.
     Raises:
-        mlxgraph.GraphFormatError: the file is not a valid graph file, or uses an op this
-            version cannot run.
+        mlxgraph.GraphFormatError: the file is not a valid graph file, could cost more than
+            the limit per step, or uses an op this version cannot run.
+        mlxgraph.BlasError: ``MLXGRAPH_BLAS`` names a library that cannot be used.
+        ValueError: an unsupported ``compute_dtype``.
     """
+    from mlxgraph.interpreter.blas import ensure_preloaded
+
+    ensure_preloaded()
     from mlxgraph.interpreter.program import Program
 
-    return Program.load(path)
+    return Program.load(path, element_limit=element_limit, compute_dtype=compute_dtype)
 
 
 def __getattr__(name):

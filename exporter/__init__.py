@@ -1,6 +1,6 @@
 """mlxgraph.exporter: PyTorch (Hugging Face) decoders to .mlxg graph files.
 
-``export(model_folder_or_builtin_name, out_path, dtype="float32", max_seq_len=2048)``
+``export(model_folder_or_builtin_name, out_path, dtype="float32", max_seq_len=None)``
 is the entry point (docs/architecture.md#export). Needs torch and transformers (the ``export``
 extra); never imports the interpreter.
 """

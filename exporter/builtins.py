@@ -1,6 +1,12 @@
-"""Built-in tiny models: small configs of real architectures with seeded random weights.
+"""Built-in tiny models: one trained model, and small configs of real architectures with
+seeded random weights.
 
-They need no download: ``export("tiny-llama", ...)`` builds the model in memory. Their
+``tiny-code`` (TRAINED_BUILTINS) is a Hugging Face folder shipped in the package
+(exporter/models/tiny-code: a small Llama trained on Python's standard library by
+scripts/train_tiny_code.py; its model card says how well); it exports like any folder and
+is the one whose text reads like Python.
+
+The random ones need no download: ``export("tiny-llama", ...)`` builds the model in memory. Their
 vocabulary is the 256 byte values (tokenizer ``"byte"``: token id = byte value), with
 BOS = 2 (ASCII STX, "start of text") and EOS = 3 (ASCII ETX, "end of text").
 
@@ -10,8 +16,12 @@ into a loop of one or two tokens, which makes a poor demo and a weak test.
 """
 
 import threading
+from pathlib import Path
 
 import torch
+
+# name -> the packaged Hugging Face folder of a trained built-in.
+TRAINED_BUILTINS = {"tiny-code": Path(__file__).with_name("models") / "tiny-code"}
 
 BYTE_BOS, BYTE_EOS = 2, 3
 # transformers initialises weights from torch's global generator: two builds in two
@@ -88,4 +98,5 @@ def builtin_model(name: str, seed: int = 0):
     return build_model(make_config(model_type, **overrides), seed)
 
 
-__all__ = ["BUILTINS", "BYTE_BOS", "BYTE_EOS", "make_config", "build_model", "builtin_model"]
+__all__ = ["BUILTINS", "TRAINED_BUILTINS", "BYTE_BOS", "BYTE_EOS", "make_config", "build_model",
+           "builtin_model"]

@@ -13,8 +13,10 @@ from pathlib import Path
 import torch
 
 from mlxgraph.exporter.adapter import AdapterError, DecoderAdapter
-from mlxgraph.exporter.builtins import BUILTINS, builtin_model
+from mlxgraph.exporter.builtins import BUILTINS, TRAINED_BUILTINS, builtin_model
+from mlxgraph.exporter.finite_weights import nonfinite_weights
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
+from mlxgraph.schema.atomic_write import check_replaceable
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.records import ModelInfo
 from mlxgraph.schema.spec import op_spec
@@ -24,6 +26,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # Graph inputs: int32 because MLX indexes and embeds with int32 natively; int64 would
 # buy nothing below 2**31 tokens or positions.
 INPUT_DTYPE = torch.int32
+DEFAULT_MAX_SEQ_LEN = 2048
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 # torch.export and run_decompositions keep process-global state (the dispatch mode stack,
 # the module hierarchy being traced): two at once in two threads corrupt each other, so
@@ -37,10 +40,6 @@ class ExportError(Exception):
 
 class TraceError(Exception):
     """torch.export could not trace the adapted model (e.g. data-dependent control flow)."""
-
-
-def _no_progress(_message: str) -> None:
-    pass
 
 
 def load_model(model, dtype: str):
@@ -62,9 +61,10 @@ def load_model(model, dtype: str):
     name = str(model)
     if name in BUILTINS:
         return builtin_model(name).to(DTYPES[dtype]), {"source": name, "tokenizer": "byte"}
-    folder = Path(name)
+    # A trained built-in is a Hugging Face folder shipped in the package: the same path as any.
+    folder = TRAINED_BUILTINS.get(name, Path(name))
     if not (folder / "config.json").is_file():
-        known = ", ".join(BUILTINS)
+        known = ", ".join([*TRAINED_BUILTINS, *BUILTINS])
         raise ExportError(
             f"unknown model {name!r}: not a folder with config.json, nor a built-in ({known})"
         )
@@ -81,10 +81,9 @@ def load_model(model, dtype: str):
     # (Weights of the wrong shape already fail the load.)
     missing = sorted(loading.get("missing_keys", ()))
     if missing:
-        shown = ", ".join(missing[:5]) + (
-            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        )
-        raise ExportError(f"{folder}: the checkpoint lacks {len(missing)} weight(s): {shown}")
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ExportError(f"{folder}: the checkpoint lacks {len(missing)} weight(s): "
+                          f"{', '.join(missing[:5])}{more}")
     has_tokenizer = any((folder / f).is_file() for f in _TOKENIZER_FILES)
     return m.eval(), {
         "source": str(folder.resolve()),
@@ -177,36 +176,42 @@ def decompose(ep):
             raise TraceError(_first_lines("run_decompositions failed", e)) from e
 
 
-def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, progress=None) -> dict:
+def export(model, out_path, dtype: str = "float32", max_seq_len: int | None = None,
+           progress=None, allow_nonfinite: bool = False) -> dict:
     """Export a decoder to a graph file.
 
     Args:
         model: a Hugging Face model folder (config.json + safetensors), a built-in name
-            (tiny-llama, tiny-qwen2, tiny-mistral, tiny-gemma3, tiny-phi3), or a
-            ``*ForCausalLM`` module (converted to ``dtype`` and eval mode in place).
+            (tiny-code, the trained one; tiny-llama, tiny-qwen2, tiny-mistral, tiny-gemma3,
+            tiny-phi3, random), or a ``*ForCausalLM`` module (converted to ``dtype`` and
+            eval mode in place).
         out_path: the .mlxg file to write.
         dtype: float32, float16 or bfloat16: the graph's compute and weight dtype.
-        max_seq_len: the largest step (tokens per call) and the recorded max context.
+        max_seq_len: the largest step (tokens per call) and the recorded max context;
+            default 2048, or the model's max_position_embeddings when that is smaller.
         progress: optional ``fn(message)`` called as each long step starts.
+        allow_nonfinite: export weights holding NaN or infinity (refused by default).
     Returns:
         stats: nodes, ops (histogram), constants, constant_bytes, file_bytes, seconds,
         timings per step, path.
     Raises:
         ExportError: unknown model or option (e.g. max_seq_len past the model's
-            max_position_embeddings), or an output path that cannot be written.
+            max_position_embeddings), an output path that cannot be written or is not a
+            regular file, or (without allow_nonfinite) weights holding NaN or infinity.
         AdapterError: the model's attention asks for something the graph op cannot do.
         TraceError: torch.export or run_decompositions failed on the model.
         UnsupportedOpsError: ops without a lowering (all listed, with their sources).
     """
-    progress = progress or _no_progress
-    max_seq_len = int(max_seq_len)
-    if max_seq_len < 2:
+    progress = progress or (lambda _message: None)
+    if max_seq_len is not None and int(max_seq_len) < 2:
         raise ExportError(f"max_seq_len must be at least 2, got {max_seq_len}")
     out_dir = Path(out_path).resolve().parent
     if not out_dir.is_dir():
         raise ExportError(f"{out_path}: the folder {out_dir} does not exist")
-    if Path(out_path).is_dir():
-        raise ExportError(f"{out_path}: is a folder, not a file to write")
+    try:
+        check_replaceable(out_path)
+    except FileExistsError as e:
+        raise ExportError(f"{out_path}: {e.strerror}") from None
     timings, t_start = {}, time.perf_counter()
 
     def step(name, fn):
@@ -218,6 +223,9 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
 
     m, source = step("loading", lambda: load_model(model, dtype))
     limit = getattr(m.config, "max_position_embeddings", None)
+    if max_seq_len is None:
+        max_seq_len = min(DEFAULT_MAX_SEQ_LEN, int(limit)) if limit else DEFAULT_MAX_SEQ_LEN
+    max_seq_len = int(max_seq_len)
     if limit and max_seq_len > int(limit):
         # Past it, learned position tables index out of range and rotary models leave the
         # context they were trained for: the recorded max context would be a promise the
@@ -248,6 +256,9 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int = 2048, pro
     writer = GraphWriter(producer=f"mlxgraph exporter (torch {torch.__version__})")
     lowered = step("lowering", lambda: lower_program(ep, writer, output_names=("logits",)))
     writer.metadata = model_info(m, adapter, source, max_seq_len, dtype)
+    refusal = None if allow_nonfinite else nonfinite_weights(writer)
+    if refusal:
+        raise ExportError(refusal)
     try:
         # Verified before it takes out_path's place: an export reports success only for a
         # file that loads.
@@ -285,4 +296,5 @@ __all__ = [
     "decompose",
     "DTYPES",
     "INPUT_DTYPE",
+    "DEFAULT_MAX_SEQ_LEN",
 ]

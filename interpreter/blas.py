@@ -7,10 +7,18 @@ first (the executable and every library loaded with ``RTLD_GLOBAL``) and only th
 libmlx's own dependencies. So loading an optimised CBLAS with ``RTLD_GLOBAL`` *before*
 ``mlx.core`` is first imported makes MLX use it; after that import it is too late.
 
-Choice, in order: the ``MLXGRAPH_BLAS`` environment variable (a path or library name;
-``none``/``off``/``0`` keeps the bundled one), else the first known optimised CBLAS the
-system's loader finds (OpenBLAS, MKL, BLIS). Never preload in a process that also
-computes with torch: OpenBLAS's threads and torch's contend for the same cores.
+What is made global is mlxgraph's CBLAS router (interpreter/blas_router.py) bound to the
+chosen BLAS, so one-row products run as sgemv; without the router (no C compiler at
+install) a plain CBLAS is made global itself and a prefixed one cannot be used.
+
+Choice, in order: the ``MLXGRAPH_BLAS`` environment variable (a path, a library name, or
+``scipy-openblas32``; ``none``/``off``/``0`` keeps the bundled one), else the first of
+:data:`CANDIDATES` found: the OpenBLAS of the ``scipy-openblas32`` package (a dependency
+on Linux, so no root is needed; faster here than Debian's 0.3.21, benchmarks/blas_bench.py),
+then system libraries. ``MLXGRAPH_BLAS_ROUTER=0`` turns the matrix-vector routing off;
+``MLXGRAPH_BLAS_THREADS`` sets the BLAS threads (blas_router.py). Never preload in a
+process that also computes with torch: OpenBLAS's threads and torch's contend for the
+same cores.
 
 This module must not import mlx (or anything that does).
 """
@@ -19,95 +27,89 @@ import ctypes
 import importlib.util
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxgraph.interpreter.blas_libs import file_of, identify, pypi_openblas_file
+from mlxgraph.interpreter.blas_router import (
+    ROUTER_ENV,
+    RouterError,
+    bind_router,
+    cblas_prefix,
+    router_file,
+    routing_wanted,
+    set_router_threads,
+    threads_wanted,
+)
+
 ENV_VAR = "MLXGRAPH_BLAS"
+PYPI_OPENBLAS = "scipy-openblas32"
 _OFF = ("", "0", "none", "off", "bundled", "reference")
-# Optimised CBLAS libraries by soname, best first. A generic libblas.so.3 is not tried:
-# it may well be the same reference BLAS.
+# Optimised CBLAS libraries, best first (benchmarks/blas_bench.py measured the order).
+# A generic libblas.so.3 is not tried: it may well be the same reference BLAS.
 CANDIDATES = (
-    "libopenblasp.so.0",   # Fedora / RHEL pthread build
-    "libopenblas.so.0",    # Debian / Ubuntu (libopenblas0-pthread), conda, Arch
+    PYPI_OPENBLAS,  # pip's OpenBLAS (symbols prefixed scipy_; needs the router)
+    "libopenblasp.so.0",  # Fedora / RHEL pthread build
+    "libopenblas.so.0",  # Debian / Ubuntu (libopenblas0-pthread), conda, Arch
     "libmkl_rt.so.2",
     "libmkl_rt.so",
     "libblis.so.4",
 )
 
 
+TOO_LATE = "mlx was imported before the preload"
+NEXT_TO_TORCH = "not preloaded: torch is loaded in this process"
+
+
 class BlasError(RuntimeError):
     """The BLAS named by MLXGRAPH_BLAS cannot be used (not found, or no cblas_sgemm)."""
+
+
+class BlasPreloadWarning(RuntimeWarning):
+    """mlxgraph.load() could not put an optimised BLAS under MLX (mlx or torch came first)."""
 
 
 @dataclass(frozen=True)
 class BlasInfo:
     """Which BLAS MLX's matrix products use in this process."""
 
-    name: str          # 'OpenBLAS 0.3.21', 'bundled reference BLAS', 'Accelerate', ...
-    path: str          # the library file ('' when unknown)
-    preloaded: bool    # True when this module loaded it ahead of mlx
-    detail: str = ""   # build config, threads, or why nothing was preloaded
+    name: str  # 'OpenBLAS 0.3.21', 'bundled reference BLAS', 'Accelerate', ...
+    path: str  # the library file ('' when unknown)
+    preloaded: bool  # True when this module loaded it ahead of mlx
+    detail: str = ""  # build config, threads, or why nothing was preloaded
+    router: str = ""  # 'on', 'off (...)', 'absent (...)'; '' when no BLAS was preloaded
+    router_path: str = ""
 
     def describe(self) -> str:
-        """One line for a stats block: name, detail and file."""
+        """One line for a stats block: name, detail, router and file."""
         parts = [self.name]
         if self.detail:
             parts.append(f"({self.detail})")
+        if self.router:
+            parts.append(f"router {self.router};")
         if self.path:
             parts.append(self.path)
         return " ".join(parts)
+
+    def as_dict(self) -> dict:
+        """The JSON form (generate's stats)."""
+        return {
+            "name": self.name,
+            "path": self.path,
+            "preloaded": self.preloaded,
+            "detail": self.detail,
+            "router": self.router,
+            "router_path": self.router_path,
+        }
 
 
 _state: BlasInfo | None = None
 
 
-class _DlInfo(ctypes.Structure):
-    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
-                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
-
-
-def _file_of(symbol) -> str:
-    """The real path of the library that defines a ctypes function ('' if unknown)."""
-    try:
-        info = _DlInfo()
-        if (ctypes.CDLL(None).dladdr(ctypes.cast(symbol, ctypes.c_void_p), ctypes.byref(info))
-            and info.dli_fname):
-            return os.path.realpath(info.dli_fname.decode())
-    except (AttributeError, OSError):
-        pass
-    return ""
-
-
-def _identify(lib) -> tuple[str, str]:
-    """(name, detail) of a loaded CBLAS, from its own introspection calls where it has them."""
-    if hasattr(lib, "openblas_get_config"):
-        lib.openblas_get_config.restype = ctypes.c_char_p
-        config = lib.openblas_get_config().decode(errors="replace").split()
-        name = " ".join(config[:2]) if len(config) >= 2 else "OpenBLAS"
-        threads = (
-            lib.openblas_get_num_threads() if hasattr(lib, "openblas_get_num_threads") else None
-        )
-        core = ""
-        if hasattr(lib, "openblas_get_corename"):
-            lib.openblas_get_corename.restype = ctypes.c_char_p
-            core = lib.openblas_get_corename().decode(errors="replace")
-        detail = ", ".join(x for x in (core, f"{threads} threads" if threads else "") if x)
-        return name, detail
-    if hasattr(lib, "MKL_Get_Max_Threads"):
-        return "Intel MKL", f"{lib.MKL_Get_Max_Threads()} threads"
-    if hasattr(lib, "bli_info_get_version_str"):
-        lib.bli_info_get_version_str.restype = ctypes.c_char_p
-        return f"BLIS {lib.bli_info_get_version_str().decode(errors='replace')}", ""
-    return "CBLAS", ""
-
-
-def _load(name_or_path: str):
-    """dlopen with global visibility; returns the handle or None. Checks for cblas_sgemm."""
-    try:
-        lib = ctypes.CDLL(name_or_path, mode=ctypes.RTLD_GLOBAL)
-    except OSError:
-        return None
-    return lib if hasattr(lib, "cblas_sgemm") else False
+def _where(candidate: str) -> str:
+    """What to dlopen for a candidate name ('' when a package candidate is not installed)."""
+    return pypi_openblas_file() if candidate == PYPI_OPENBLAS else candidate
 
 
 def bundled_blas() -> BlasInfo:
@@ -123,11 +125,48 @@ def bundled_blas() -> BlasInfo:
     return BlasInfo("bundled reference BLAS", path, False)
 
 
+def _install(where: str, env) -> BlasInfo | str:
+    """Load one CBLAS and make it (through the router when there is one) MLX's.
+
+    Returns the BlasInfo, or a string saying why this library cannot be used.
+    """
+    try:
+        lib = ctypes.CDLL(where, mode=os.RTLD_LOCAL)
+    except OSError:
+        return "it cannot be loaded"
+    prefix = cblas_prefix(lib)
+    if prefix is None:
+        return "it has no cblas_sgemm"
+    router_path, route, threads = router_file(), routing_wanted(env), threads_wanted(env)
+    if not router_path:
+        if prefix:
+            return (f"its symbols carry the prefix {prefix!r} and the BLAS router was not built "
+                    "at install")
+        router = "absent (not built at install: no C compiler?)"
+    elif not route and not prefix:
+        router, router_path = f"off ({ROUTER_ENV}={env.get(ROUTER_ENV)})", ""
+    else:
+        try:
+            bound = bind_router(router_path, lib, prefix, route)
+        except RouterError as e:
+            return str(e)
+        router = "on" if route else f"off ({ROUTER_ENV}={env.get(ROUTER_ENV)}; forwarding only)"
+        if any(threads) and set_router_threads(bound, threads):
+            router += f", threads {threads[0]} matrix-vector / {threads[1]} other"
+    if not prefix:
+        # Global too, after the router: LAPACK and the rest of the BLAS names resolve here.
+        ctypes.CDLL(where, mode=ctypes.RTLD_GLOBAL)
+    name, detail = identify(lib, prefix, report_threads="threads" not in router)
+    path = file_of(getattr(lib, f"{prefix}cblas_sgemm")) or where
+    return BlasInfo(name, path, True, detail, router, router_path)
+
+
 def preload_blas(env: dict | None = None) -> BlasInfo:
     """Load the best available CBLAS globally, before mlx is imported; idempotent.
 
     Args:
-        env: the environment to read MLXGRAPH_BLAS from (default os.environ).
+        env: the environment to read MLXGRAPH_BLAS (and MLXGRAPH_BLAS_ROUTER) from
+            (default os.environ).
     Returns:
         The BlasInfo of the BLAS MLX will use (also kept for :func:`blas_in_use`).
     Raises:
@@ -148,32 +187,61 @@ def preload_blas(env: dict | None = None) -> BlasInfo:
         return _state
     if "mlx.core" in sys.modules:
         # Too late: libmlx's cblas_sgemm is already bound to the bundled library.
-        _state = BlasInfo(bundled.name, bundled.path, False, "mlx was imported before the preload")
+        _state = BlasInfo(bundled.name, bundled.path, False, TOO_LATE)
         return _state
     if "torch" in sys.modules:
-        _state = BlasInfo(
-            bundled.name, bundled.path, False, "not preloaded: torch is loaded in this process"
-        )
+        _state = BlasInfo(bundled.name, bundled.path, False, NEXT_TO_TORCH)
         return _state
+    try:
+        threads_wanted(env)
+    except ValueError as e:
+        raise BlasError(str(e)) from None
     candidates = [requested.strip()] if requested is not None else list(CANDIDATES)
     for cand in candidates:
-        lib = _load(cand)
-        if lib:
-            name, detail = _identify(lib)
-            _state = BlasInfo(name, _file_of(lib.cblas_sgemm) or cand, True, detail)
+        where = _where(cand)
+        result = _install(where, env) if where else f"the {cand} package is not installed"
+        if isinstance(result, BlasInfo):
+            _state = result
             return _state
         if requested is not None:
-            why = "it has no cblas_sgemm" if lib is False else "it cannot be loaded"
             raise BlasError(
-                f"{ENV_VAR}={requested}: {why} (set {ENV_VAR}=none to use the bundled BLAS)"
+                f"{ENV_VAR}={requested}: {result} (set {ENV_VAR}=none to use the bundled BLAS)"
             )
     _state = BlasInfo(
         bundled.name,
         bundled.path,
         False,
-        "no optimised CBLAS found; on Debian/Ubuntu: apt-get install libopenblas0-pthread",
+        f"no optimised CBLAS found; pip install {PYPI_OPENBLAS}, or on Debian/Ubuntu: "
+        "apt-get install libopenblas0-pthread",
     )
     return _state
+
+
+_FIXES = {
+    TOO_LATE: "call mlxgraph.preload_blas() (or mlxgraph.load()) before anything imports mlx",
+    NEXT_TO_TORCH: "run the graph in a process that does not import torch",
+}
+_warned = False
+
+
+def ensure_preloaded() -> BlasInfo:
+    """:func:`preload_blas`, warning once per process when it came too late to help.
+
+    Raises:
+        BlasError: as :func:`preload_blas`.
+    """
+    global _warned
+    info = preload_blas()
+    fix = _FIXES.get(info.detail)
+    if fix and not _warned:
+        _warned = True
+        warnings.warn(
+            f"mlxgraph: {info.detail}, so MLX's matrix products run on its bundled reference "
+            f"BLAS (prefill ~15x and decode ~3x slower); {fix}",
+            BlasPreloadWarning,
+            stacklevel=3,
+        )
+    return info
 
 
 def blas_in_use() -> BlasInfo:
@@ -189,9 +257,13 @@ def blas_in_use() -> BlasInfo:
 __all__ = [
     "BlasError",
     "BlasInfo",
+    "BlasPreloadWarning",
+    "ensure_preloaded",
     "CANDIDATES",
     "ENV_VAR",
+    "PYPI_OPENBLAS",
     "blas_in_use",
     "bundled_blas",
     "preload_blas",
+    "pypi_openblas_file",
 ]

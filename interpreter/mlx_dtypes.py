@@ -26,3 +26,13 @@ def to_mx_dtype(code_or_name) -> mx.Dtype:
 def dtype_name(dtype: mx.Dtype) -> str:
     """The schema name of an MLX dtype ('float32')."""
     return _NAMES[dtype]
+
+
+# MLX's float16/bfloat16 matmuls on CPU are 20-50x slower than float32 (benchmarks/
+# blas_bench.py): Program.load(compute_dtype="float32") widens these at load.
+HALF_DTYPES = (mx.float16, mx.bfloat16)
+
+
+def widened(dtype, widen: bool):
+    """float32 for a half-precision dtype when ``widen``; else the dtype as it is."""
+    return mx.float32 if widen and dtype in HALF_DTYPES else dtype

@@ -8,7 +8,7 @@ and where its outputs go.
 from dataclasses import dataclass
 
 from mlxgraph.interpreter.kernels import get_kernel
-from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
+from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype, widened
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.spec import FieldKind, op_spec
 
@@ -30,6 +30,8 @@ class ResolvedNode:
     out_kind: FieldKind     # OUT, OUT_LIST or VALUE_OUT
     out_slots: tuple        # tensor or value slots written
     out_dtypes: tuple       # declared mx dtype per written tensor slot (None = keep)
+    guard: tuple | None = None  # (index field, table field, axis, wrap negatives): clamp, flag
+    limits: tuple = ()      # per written slot: most elements (tensors) or magnitude (a value)
 
 
 # reads: (name, VALUE, value slot), (name, TENSOR_LIST, (tensor slots)) or
@@ -42,7 +44,7 @@ def _operand_read(op) -> tuple:
     return (kind, op.index) if kind is not None else (FieldKind.ATTR, op.python_value())
 
 
-def resolve_node(index, record, tensor_dtypes, path) -> ResolvedNode:
+def resolve_node(index, record, tensor_dtypes, path, widen=False) -> ResolvedNode:
     """Resolve node ``index`` (its NodeRecord) against the kernel registry.
 
     The kernel will receive the op's inputs and attributes by field name, never its
@@ -81,7 +83,7 @@ def resolve_node(index, record, tensor_dtypes, path) -> ResolvedNode:
         elif kind in (FieldKind.TENSOR_LIST, FieldKind.VALUE):
             reads.append((f.name, kind, tuple(value) if f.is_vector else value))
         elif f.type == "DType":
-            fixed[f.name] = None if value is None else to_mx_dtype(value)
+            fixed[f.name] = None if value is None else widened(to_mx_dtype(value), widen)
         else:
             fixed[f.name] = value
     dtypes = () if out_kind is FieldKind.VALUE_OUT else tuple(tensor_dtypes[s] for s in out_slots)

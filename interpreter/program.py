@@ -5,26 +5,47 @@ no FlatBuffer parsing. A Program is immutable; any number of sessions share it.
 """
 
 import hashlib
-import mmap
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 
 import mlx.core as mx
 
 from mlxgraph.interpreter.errors import GraphRuntimeError
-from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
+from mlxgraph.interpreter.mlx_dtypes import HALF_DTYPES, dtype_name, to_mx_dtype, widened
 from mlxgraph.interpreter.node_plan import ResolvedNode, resolve_node
 from mlxgraph.interpreter.session import Session
 from mlxgraph.schema.errors import GraphFormatError
-from mlxgraph.schema.format import align_up
 from mlxgraph.schema.reader import open_graph
+from mlxgraph.schema.spec import FieldKind
+
+COMPUTE_DTYPES = ("float32",)
+
+
+def _check_compute_dtype(compute_dtype) -> bool:
+    """True to widen half precision to float32; False for None (run as stored).
+
+    Raises:
+        ValueError: anything else.
+    """
+    if compute_dtype is None:
+        return False
+    if compute_dtype in COMPUTE_DTYPES or compute_dtype == mx.float32:
+        return True
+    raise ValueError(f"compute_dtype {compute_dtype!r}: supported are None (the graph's own "
+                     "dtypes) and 'float32' (widen float16/bfloat16 at load)")
 
 
 class Program:
     """An immutable loaded graph: slots, constants (as MLX arrays), resolved nodes, metadata."""
 
-    def __init__(self, graph, constants, nodes, layers):
+    def __init__(self, graph, constants, nodes, layers, tensor_dtypes, widened_from=()):
+        # Symbol values whose step already had every output checked against the verifier's
+        # bounds (shapes follow from them): shared by the sessions, only ever grows.
+        self.checked_shapes = set()
         self.graph = graph                  # the GraphFile (records, metadata)
+        self.tensor_dtypes = tensor_dtypes  # [mx dtype or None] per tensor slot, as computed
+        self.widened_from = widened_from    # half dtypes widened to float32 at load (names)
         self.path = graph.path
         self.metadata = graph.metadata
         self.tensor_count = len(graph.tensors)
@@ -39,36 +60,68 @@ class Program:
         self.outputs = graph.outputs
 
     @classmethod
-    def load(cls, path) -> "Program":
+    def load(cls, path, element_limit=None, compute_dtype=None) -> "Program":
         """Verify and load a graph file.
 
         Args:
-            path: the .mlxg file.
+            path: the .mlxg file (or its bytes).
+            element_limit: the most elements one tensor of a step may have (None: the
+                file's default, a few times its constants plus its KV cache at max context;
+                see schema/verify_bounds.py). Raise it for a file that needs more.
+            compute_dtype: None runs the graph in its own dtypes; "float32" widens every
+                float16/bfloat16 tensor, weight and dtype attribute to float32 (the
+                weights keep their stored values exactly; the arithmetic is float32).
         Raises:
-            GraphFormatError: invalid file, or an op this version cannot run.
+            GraphFormatError: invalid file, a step that could cost more than the limit, or
+                an op this version cannot run.
+            ValueError: an unsupported compute_dtype.
         """
-        graph = open_graph(path)
-        tensor_dtypes = [to_mx_dtype(t.dtype) if t.dtype else None for t in graph.tensors]
+        widen = _check_compute_dtype(compute_dtype)
+        graph = open_graph(path, element_limit=element_limit)
+        stored = [to_mx_dtype(t.dtype) if t.dtype else None for t in graph.tensors]
+        tensor_dtypes = [widened(d, widen) for d in stored]
         constants = {}
-        for i, c in enumerate(graph.constants):
-            arr = graph.constant_array(i)
-            a = mx.array(arr)
-            want = tensor_dtypes[c.tensor]
-            if a.dtype != want:
-                a = a.view(want)  # bfloat16 is stored as its uint16 bit pattern
-            constants[c.tensor] = a
-            _release_mapped_pages(graph.data, c.offset, c.length)
-        nodes = [resolve_node(i, r, tensor_dtypes, graph.path) for i, r in enumerate(graph.nodes)]
+        try:
+            for i, c in enumerate(graph.constants):
+                # Read into a buffer of our own, copied by MLX, then dropped: the file is
+                # never mapped, so changing it later cannot touch a loaded program.
+                a = mx.array(graph.constant_array(i))
+                want = stored[c.tensor]
+                if a.dtype != want:
+                    a = a.view(want)  # bfloat16 is stored as its uint16 bit pattern
+                if tensor_dtypes[c.tensor] != want:
+                    a = a.astype(tensor_dtypes[c.tensor])
+                constants[c.tensor] = a
+        finally:
+            graph.close()
+        nodes = [_checked(resolve_node(i, r, tensor_dtypes, graph.path, widen), graph)
+                 for i, r in enumerate(graph.nodes)]
         layers = _layer_geometry(graph, nodes)
-        return cls(graph, constants, nodes, layers)
+        widened_from = tuple(sorted({dtype_name(d) for d in stored if widen and d in HALF_DTYPES}))
+        return cls(graph, constants, nodes, layers, tensor_dtypes, widened_from)
+
+    @property
+    def float_dtypes(self) -> tuple:
+        """Names of the floating dtypes this program computes in (after any widening)."""
+        return tuple(sorted({dtype_name(d) for d in self.tensor_dtypes
+                             if d is not None and mx.issubdtype(d, mx.floating)}))
+
+    def compute_info(self) -> dict:
+        """{"dtypes": floating dtypes computed in, "widened_from": half dtypes widened at load}."""
+        return {"dtypes": list(self.float_dtypes), "widened_from": list(self.widened_from)}
 
     @cached_property
     def fingerprint(self) -> str:
         """SHA-256 of the graph's FlatBuffer part: its structure, attributes, metadata and
-        every constant's content hash (not the constants' bytes, not the path)."""
+        every constant's content hash (not the constants' bytes, not the path), and whether
+        it was widened at load (compute_dtype)."""
         data = self.graph.data
         end = min((c.offset for c in self.graph.constants), default=len(data))
-        return hashlib.sha256(memoryview(data)[:end]).hexdigest()
+        digest = hashlib.sha256(memoryview(data)[:end])
+        if self.widened_from:
+            # Widened at load, the same file computes other K/V: its caches are not interchangeable.
+            digest.update(b"\0compute_dtype=float32")
+        return digest.hexdigest()
 
     def restore(self, path):
         """A new Session holding the KV cache saved in ``path`` (with the policy it was saved with).
@@ -104,19 +157,23 @@ class Program:
         return f"Program({name}: {len(self.nodes)} nodes, {len(self.layers)} attention layers)"
 
 
-def _release_mapped_pages(data, offset: int, length: int) -> None:
-    """Drop a constant's mapped pages once MLX holds its own copy of it.
-
-    mx.array copies from the mapping; without this the weights would be resident twice
-    (the file's clean pages plus MLX's buffers), and releasing each constant right after
-    its copy keeps the peak near one copy. The mapping stays valid: a later read of the
-    constant (tools) faults its pages back in from the file.
-    """
-    if not isinstance(data, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED") or length == 0:
-        return
-    start = offset - offset % mmap.PAGESIZE
-    end = min(align_up(offset + length, mmap.PAGESIZE), len(data))
-    data.madvise(mmap.MADV_DONTNEED, start, end - start)
+def _checked(node: ResolvedNode, graph) -> ResolvedNode:
+    """The node with its run-time checks: output bounds, and an index guard for a gather
+    whose indices are not the host-checked ``tokens`` input."""
+    bounds = graph.bounds
+    limits = (bounds.value_magnitude if node.out_kind is FieldKind.VALUE_OUT
+              else bounds.slot_elements)
+    guard = None
+    op, fields = node.record.op, node.record.fields
+    if op == "EmbeddingNode":
+        # The verifier made the vocabulary equal to this table's rows when tokens feed it.
+        trusted = fields["indices"] == graph.inputs.get("tokens") and graph.metadata.vocab_size > 0
+        guard = None if trusted else ("indices", "weight", 0, False)
+    elif op == "GatherNode":
+        guard = ("indices", "x", node.fixed["axis"] or 0, False)
+    elif op == "SelectNode":
+        guard = ("index", "x", node.fixed["axis"] or 0, True)
+    return replace(node, guard=guard, limits=tuple(limits[s] for s in node.out_slots))
 
 
 def _layer_geometry(graph, nodes) -> dict:
@@ -149,4 +206,4 @@ def _layer_geometry(graph, nodes) -> dict:
     return out
 
 
-__all__ = ["Program", "ResolvedNode", "GraphRuntimeError"]
+__all__ = ["COMPUTE_DTYPES", "Program", "ResolvedNode", "GraphRuntimeError"]

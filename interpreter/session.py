@@ -6,14 +6,21 @@ rejected, or whose graph fails to build, leaves the session exactly as it was: t
 stores stage their writes and only commit once every node has run.
 """
 
-import threading
 from numbers import Integral
 
 import mlx.core as mx
 
 from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
+from mlxgraph.interpreter.index_guard import (
+    PendingChecks,
+    check_output,
+    failed_check_error,
+    guard_node_indices,
+    poison,
+)
 from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, make_store
 from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
+from mlxgraph.interpreter.session_lock import SessionLock
 from mlxgraph.interpreter.session_options import (
     MAX_CAPACITY,
     check_preallocation,
@@ -69,8 +76,8 @@ class Session(SessionState):
     def __init__(self, program, capacity=None, kv_dtype=None, windows=None, preallocate=False,
                  max_step=None, kv_bits=0, kv_group_size=64):
         self.program = program
-        self._lock = threading.Lock()
-        self._thread = threading.get_ident()
+        self._pending = PendingChecks()
+        self._lock = SessionLock(self._fail)
         self._options = {"capacity": capacity, "kv_dtype": kv_dtype, "windows": windows,
                          "preallocate": preallocate, "max_step": max_step, "kv_bits": kv_bits,
                          "kv_group_size": kv_group_size}
@@ -91,7 +98,7 @@ class Session(SessionState):
         self._reset()
         if self._preallocate:
             check_preallocation(self.stores, self.kv_dtype, self.capacity, program.path)
-        self._input_plan = plan_inputs(program.graph)
+        self._input_plan = plan_inputs(program.graph, program.tensor_dtypes)
 
     def _fail(self, reason: str) -> SessionError:
         """A SessionError naming the graph file."""
@@ -119,6 +126,7 @@ class Session(SessionState):
             self._reset()
 
     def _reset(self) -> None:
+        self._pending.clear()
         self.stores = {}
         bits, group = int(self._options["kv_bits"] or 0), int(self._options["kv_group_size"])
         for lid, lc in self.program.layers.items():
@@ -140,6 +148,7 @@ class Session(SessionState):
                 no store is changed.
         """
         with self._exclusive():
+            self._raise_failed_checks(keep_latest=False)
             return self._trim(n)
 
     def _trim(self, n) -> int:
@@ -181,43 +190,48 @@ class Session(SessionState):
             return self._step(tokens, positions, observer)
 
     def _exclusive(self):
-        """The session's lock, taken without waiting: one call at a time, from any thread.
+        """The session's lock for one call (session_lock.py): one call at a time, any thread."""
+        return self._lock.hold(self.cache_state)
 
-        A step built in another thread and not yet evaluated cannot be continued here: MLX
-        evaluates a lazy array only in the thread whose stream built it.
-        """
-        if not self._lock.acquire(blocking=False):
-            raise self._fail("the session is in use by another thread (one step at a time)")
+    def check(self) -> None:
+        """Read back every pending index check now (evaluating what it needs). Raises
+        SessionError (a lazy token id outside the vocabulary) or GraphRuntimeError (a gather's
+        computed index out of range), after rewinding to before that step."""
+        with self._exclusive():
+            self._raise_failed_checks(keep_latest=False)
+
+    def _raise_failed_checks(self, keep_latest: bool) -> None:
+        if (failed := self._pending.first_failure(keep_latest)) is None:
+            return
+        start, n_new, node = failed
         try:
-            me = threading.get_ident()
-            if me != self._thread:
-                try:
-                    mx.eval(self.cache_state())
-                except RuntimeError:
-                    raise self._fail("the last step was built in another thread and is not "
-                                     "evaluated yet; evaluate it there "
-                                     "(mx.eval(session.cache_state())) first") from None
-                self._thread = me
-        except BaseException:
-            self._lock.release()
-            raise
-        return _Held(self._lock)
+            self._trim(self._length - start)
+            rewound = f"the session was rewound to position {start}"
+        except CacheError:  # a ring that wrapped past the step
+            self._reset()
+            rewound = "the session could not rewind that far and was reset"
+        raise failed_check_error(self.program, start, n_new, node, rewound, self._fail)
 
     def _step(self, tokens, positions, observer):
+        self._raise_failed_checks(keep_latest=True)
         positions = host_positions(positions, self._length, self._fail)
         n_new = len(positions)
-        tokens = checked_tokens(tokens, self.program.metadata.vocab_size, self._fail)
+        tokens, token_flag = checked_tokens(tokens, self.program.metadata.vocab_size, self._fail)
+        flags = [] if token_flag is None else [(None, token_flag)]
         tensors = list(self.program.initial_tensors)
         values = [None] * self.program.value_count
-        bind_inputs(self._input_plan, {"tokens": tokens, "positions": positions}, tensors, values,
-                    self._fail)
+        shapes = bind_inputs(self._input_plan, {"tokens": tokens, "positions": positions},
+                             tensors, values, self._fail)
+        # Every shape of a step follows from its symbols' values: the first step with these
+        # values checks each output against the verifier's bounds, later ones skip it.
+        checked = self.program.checked_shapes
         begun = []
         try:
             # Every store checks the step fits before any of them is written.
             for store in self.stores.values():
                 store.begin(n_new)
                 begun.append(store)
-            self._run(tensors, values, observer)
+            self._run(tensors, values, observer, flags, shapes not in checked)
         except BaseException:
             # KeyboardInterrupt and SystemExit too: a store left open refuses every later step.
             for store in begun:
@@ -225,11 +239,16 @@ class Session(SessionState):
             raise
         for store in self.stores.values():
             store.commit()
-        self._length += n_new
+        if len(checked) < 4096:
+            checked.add(shapes)
         outs = {name: tensors[slot] for name, slot in self.program.outputs.items()}
+        if flags:
+            outs = poison(outs, [f for _, f in flags])
+            self._pending.add(self._length, n_new, flags)
+        self._length += n_new
         return next(iter(outs.values())) if len(outs) == 1 else outs
 
-    def _run(self, tensors, values, observer):
+    def _run(self, tensors, values, observer, flags, check_sizes):
         ctx = self._ctx
         for node in self.program.nodes:
             kw = node.fixed.copy()
@@ -246,7 +265,11 @@ class Session(SessionState):
             if node.needs_context:
                 kw["ctx"] = ctx
             try:
+                if node.guard is not None:
+                    guard_node_indices(node, kw, flags)
                 result = node.fn(**kw)
+                if check_sizes:
+                    check_output(node, result)
             except Exception as e:
                 raise self._node_error(node, e) from e
             if node.out_kind is VALUE_OUT:
@@ -271,22 +294,6 @@ class Session(SessionState):
             return CacheError(f"{self.program.path or '<bytes>'}: node {node.index} ({op}): {e}")
         return GraphRuntimeError(self.program.path, node.index, op, rec.provenance,
                                  f"{type(e).__name__}: {e}")
-
-
-class _Held:
-    """Releases a lock already taken when its ``with`` block ends."""
-
-    __slots__ = ("lock",)
-
-    def __init__(self, lock):
-        self.lock = lock
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.lock.release()
-        return False
 
 
 __all__ = ["Session", "StepContext", "SessionError"]

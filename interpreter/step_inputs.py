@@ -7,46 +7,56 @@ every rejection reads the same and leaves the session untouched.
 import mlx.core as mx
 import numpy as np
 
-from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
+from mlxgraph.interpreter.index_guard import clamp_indices
+from mlxgraph.schema.errors import GraphFormatError
 
 
-def plan_inputs(graph) -> list:
-    """(name, slot, mx dtype or None, [(axis, int size or Symbol)]) for each graph input."""
+def plan_inputs(graph, tensor_dtypes) -> list:
+    """(name, slot, mx dtype or None, [(axis, int size or Symbol)]) for each graph input;
+    ``tensor_dtypes``: the program's dtype per tensor slot (after any widening).
+
+    Raises:
+        GraphFormatError: an input dim is dynamic without a symbol (it could not be bound).
+    """
     plan = []
     for name, slot in graph.inputs.items():
         t = graph.tensors[slot]
         dims = []
         for axis, d in enumerate(t.shape):
+            if d is None:
+                raise GraphFormatError(f"graph input {name!r}: axis {axis} is dynamic without a "
+                                       "symbol", graph.path, None, "inputs")
             if isinstance(d, str):
                 sym = next(s for s in graph.symbols if s.name == d)
                 dims.append((axis, sym))
             else:
                 dims.append((axis, d))
-        plan.append((name, slot, to_mx_dtype(t.dtype) if t.dtype else None, dims))
+        plan.append((name, slot, tensor_dtypes[slot], dims))
     return plan
 
 
-def checked_tokens(tokens, vocab: int, fail):
-    """Token ids, checked to be integers and (on the host) inside the vocabulary.
+def checked_tokens(tokens, vocab: int, fail) -> tuple:
+    """``(tokens, flag)``: token ids checked to be integers and inside the vocabulary.
 
-    An out-of-range id would index past the embedding table and silently give garbage.
-    Token arrays already in MLX, such as a sampler's lazy output, are not read back: that
-    would force an evaluation.
+    An out-of-range id would index past the embedding table. Host ids are checked now
+    (flag None). Token arrays already in MLX, such as a sampler's lazy output, are not read
+    back (that would force an evaluation): they are clamped into [0, vocab) and ``flag`` is
+    a lazy 0-d bool, True when one was outside (interpreter/index_guard.py).
 
     Raises:
-        SessionError: not integers, or an id outside [0, vocab).
+        SessionError: not integers, or a host id outside [0, vocab).
     """
     if isinstance(tokens, mx.array):
         if not mx.issubdtype(tokens.dtype, mx.integer):
             raise fail(f"tokens must be integers, got {tokens.dtype}")
-        return tokens
+        return clamp_indices(tokens, vocab) if vocab > 0 else (tokens, None)
     arr = np.asarray(tokens)
     if arr.dtype.kind not in "iu":
         raise fail(f"tokens must be integers, got {arr.dtype}")
     if arr.size and (arr.min() < 0 or (vocab and arr.max() >= vocab)):
         bad = arr[(arr < 0) | (arr >= vocab)] if vocab else arr[arr < 0]
         raise fail(f"token id {int(bad.reshape(-1)[0])} is outside the vocabulary [0, {vocab})")
-    return arr
+    return arr, None
 
 
 def host_positions(positions, length: int, fail) -> list:
@@ -73,9 +83,11 @@ def host_positions(positions, length: int, fail) -> list:
     return pos
 
 
-def bind_inputs(plan, given: dict, tensors: list, values: list, fail) -> None:
+def bind_inputs(plan, given: dict, tensors: list, values: list, fail) -> tuple:
     """Place each graph input in its tensor slot and each symbolic size in its value slot.
 
+    Returns:
+        The symbols' values, sorted by name: every shape of the step follows from them.
     Raises:
         SessionError: a missing input, a wrong rank or size, a size outside the graph's
             bounds, or two inputs disagreeing on one symbol.
@@ -105,3 +117,4 @@ def bind_inputs(plan, given: dict, tensors: list, values: list, fail) -> None:
             if d.value is not None:
                 values[d.value] = size
         tensors[slot] = arr
+    return tuple(sorted(bound.items()))

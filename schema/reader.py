@@ -1,11 +1,12 @@
-"""Read .mlxg files: map the file, verify it, and read it through the generated bindings.
+"""Read .mlxg files: read the structure once, verify it, and read it through the generated bindings.
 
-:func:`open_graph` is the one way in: it maps the file (constants are never copied by
-the reader), runs the verifier (schema/verifier.py) and returns a :class:`GraphFile`
-whose accessors decode the FlatBuffer into plain records (schema/records.py).
+:func:`open_graph` is the one way in: it reads the FlatBuffer part into memory (never a
+mapping: see schema/file_source.py), runs the verifier (schema/verifier.py) and returns a
+:class:`GraphFile` whose accessors decode the FlatBuffer into plain records
+(schema/records.py) and read constants on demand.
 """
 
-import mmap
+import os
 from functools import cached_property
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import numpy as np
 from mlxgraph.generated import mlxgraph_generated as fb
 from mlxgraph.schema.dtypes import dtype_info
 from mlxgraph.schema.errors import GraphFormatError
+from mlxgraph.schema.file_source import FileConstants, MemoryConstants, open_regular, read_structure
 from mlxgraph.schema.records import (
     ConstantInfo,
     LayerCacheInfo,
@@ -69,12 +71,18 @@ def decode_op_table(spec, table) -> dict:
 
 
 class GraphFile:
-    """A mapped, verified graph file. Accessors decode lazily and cache."""
+    """A verified graph file. Accessors decode lazily and cache; constants are read on demand."""
 
-    def __init__(self, path, data, root):
+    def __init__(self, path, data, root, source, bounds=None):
         self.path = Path(path) if path is not None else None
-        self.data = data            # the whole file (mmap or bytes)
+        self.data = data            # the FlatBuffer part (bytes, read once)
         self.root = root            # generated Graph table
+        self.source = source        # FileConstants or MemoryConstants: constant bytes
+        self.bounds = bounds        # verifier's StepBounds (None when not verified)
+
+    def close(self) -> None:
+        """Release the open file (constants can no longer be read; records stay)."""
+        self.source.close()
 
     @property
     def name(self) -> str:
@@ -191,59 +199,88 @@ class GraphFile:
         return out
 
     def constant_bytes(self, index: int) -> memoryview:
-        """The raw bytes of constant ``index`` (a view of the mapped file, no copy)."""
+        """The raw bytes of constant ``index`` (read from the file now).
+
+        Raises:
+            GraphFormatError: the file changed or was truncated since it was opened.
+        """
         c = self.constants[index]
-        return memoryview(self.data)[c.offset:c.offset + c.length]
+        return self.source.read(c.offset, c.length)
 
     def constant_array(self, index: int) -> np.ndarray:
-        """Constant ``index`` as a read-only numpy view in its storage dtype (bfloat16: uint16)."""
+        """Constant ``index`` as a numpy array of its own in its storage dtype (bfloat16 as uint16).
+
+        Raises:
+            GraphFormatError: the file changed or was truncated since it was opened.
+        """
         c = self.constants[index]
         t = self.tensors[c.tensor]
         info = dtype_info(t.dtype)
-        arr = np.frombuffer(
-            self.data, dtype=info.numpy_storage, count=c.length // info.itemsize, offset=c.offset
-        )
+        arr = np.empty(c.length // info.itemsize, dtype=info.numpy_storage)
+        self.source.read(c.offset, c.length, into=arr)
         return arr.reshape(t.shape)
 
 
-def map_file(path):
-    """The file's bytes, mapped read-only (``b""`` for an empty file, which mmap refuses).
+def read_file(path) -> tuple:
+    """A graph file's FlatBuffer part, its size and a reader of its constants.
 
+    Returns:
+        (structure bytes, file size, FileConstants holding the open file).
     Raises:
-        OSError: the file cannot be opened or mapped.
+        OSError: the file cannot be read, or is not a regular file
+            (file_source.NotRegularFileError: a FIFO, device or folder is never read).
     """
-    with open(path, "rb") as f:
-        if f.seek(0, 2) == 0:
-            return b""
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    from mlxgraph.schema.verifier import peek_segment_offset
+
+    fd, st = open_regular(path)
+    try:
+        data = read_structure(fd, st.st_size, peek_segment_offset)
+    except EOFError as e:
+        os.close(fd)
+        raise OSError(0, f"the file shrank while being read ({e})", str(path)) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return data, st.st_size, FileConstants(path, fd, st)
 
 
-def open_graph(source, verify: bool = True, deep: bool = False) -> GraphFile:
-    """Map and (by default) verify a graph file.
+def open_graph(source, verify: bool = True, deep: bool = False, element_limit=None) -> GraphFile:
+    """Read and (by default) verify a graph file.
 
     Args:
         source: a path, or the file's bytes.
         verify: run the verifier (leave on unless the file was just verified).
         deep: also check every constant's content hash.
+        element_limit: the most elements one tensor of a step may have (None: the file's
+            default, see schema/verify_bounds.py).
     Raises:
-        GraphFormatError: the file cannot be read or is not a valid graph file.
+        GraphFormatError: the file cannot be read (not a regular file, unreadable) or is
+            not a valid graph file.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
-        path, data = None, source
+        path, data = None, bytes(source)
+        size, constants = len(data), MemoryConstants(data)
     else:
         path = Path(source)
         try:
-            data = map_file(path)
+            data, size, constants = read_file(path)
         except OSError as e:
             raise GraphFormatError(f"cannot read: {e.strerror or e}", path) from None
-    if verify:
-        from mlxgraph.schema.verifier import verify_buffer
+    bounds = None
+    try:
+        if verify:
+            from mlxgraph.schema.verifier import verify_report
 
-        verify_buffer(data, path=path, deep=deep)
-    elif len(data) < 8:
-        raise GraphFormatError("file too short to be a graph file", path)
+            report = verify_report(data, path=path, deep=deep, size=size, constants=constants,
+                                   element_limit=element_limit)
+            bounds = report.bounds
+        elif len(data) < 8:
+            raise GraphFormatError("file too short to be a graph file", path)
+    except BaseException:
+        constants.close()
+        raise
     root = fb.Graph.GetRootAs(data, 0)
-    return GraphFile(path, data, root)
+    return GraphFile(path, data, root, constants, bounds)
 
 
-__all__ = ["GraphFile", "decode_op_table", "decode_operand", "map_file", "open_graph"]
+__all__ = ["GraphFile", "decode_op_table", "decode_operand", "open_graph", "read_file"]

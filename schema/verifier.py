@@ -19,6 +19,7 @@ from mlxgraph.schema.format import (
     FORMAT_MINOR,
     MAX_FLATBUFFER_BYTES,
 )
+from mlxgraph.schema.verify_bounds import StepBounds, check_bounds
 from mlxgraph.schema.verify_plans import table_plans
 from mlxgraph.schema.verify_semantics import check_graph
 from mlxgraph.schema.verify_structure import Bad, Walker
@@ -36,10 +37,11 @@ class VerifyReport:
     bytes: int
     flatbuffer_bytes: int
     constant_bytes: int
+    bounds: StepBounds        # what the interpreter checks at run time
 
 
 def verify_buffer(data, path=None, deep: bool = False) -> None:
-    """Verify a whole graph file held in memory (bytes, mmap or memoryview).
+    """Verify a whole graph file held in memory (bytes or memoryview).
 
     Args:
         data: the file's bytes.
@@ -51,14 +53,26 @@ def verify_buffer(data, path=None, deep: bool = False) -> None:
     verify_report(data, path, deep)
 
 
-def verify_report(data, path=None, deep: bool = False) -> VerifyReport:
+def verify_report(data, path=None, deep: bool = False, size=None, constants=None,
+                  element_limit=None) -> VerifyReport:
     """Like :func:`verify_buffer`, returning a summary of the valid file.
 
+    Args:
+        data: the file's bytes, or (with ``size``) at least its FlatBuffer part.
+        size: the whole file's size (default ``len(data)``).
+        constants: what reads constant bytes for ``deep`` (``.read(offset, length)``);
+            default: slices of ``data``.
+        element_limit: the most elements a tensor of a step may have (None: the file's
+            default, schema/verify_bounds.py).
     Raises:
         GraphFormatError: the first fault found.
     """
+    if constants is None:
+        from mlxgraph.schema.file_source import MemoryConstants
+
+        constants = MemoryConstants(data)
     try:
-        return _verify(data, deep)
+        return _verify(data, len(data) if size is None else size, deep, constants, element_limit)
     except GraphFormatError as e:
         raise e.located(path=path) from None
     except (
@@ -74,6 +88,18 @@ def verify_report(data, path=None, deep: bool = False) -> VerifyReport:
         raise GraphFormatError(
             f"malformed file (unchecked fault {type(e).__name__}: {e})", path
         ) from None
+
+
+def peek_segment_offset(data) -> int | None:
+    """Where a buffer's FlatBuffer part claims to end, or None when that cannot be read
+    from ``data`` (too short, or the root table lies past it)."""
+    try:
+        walker = Walker(data, min(len(data), MAX_FLATBUFFER_BYTES), _unknown((0, 0)))
+        if bytes(data[4:8]) != FILE_IDENTIFIER:
+            return None
+        return walker.scalars(walker.root(), table_plans()["Graph"])["segment_offset"]
+    except (Bad, struct.error, IndexError, ValueError):
+        return None
 
 
 def peek_version(data) -> tuple | None:
@@ -124,9 +150,8 @@ def _located(e: Bad) -> GraphFormatError:
     return GraphFormatError(e.reason, node=node, field=field)
 
 
-def _verify(data, deep: bool) -> VerifyReport:
-    size = len(data)
-    if size < 8:
+def _verify(data, size: int, deep: bool, constants, element_limit) -> VerifyReport:
+    if size < 8 or len(data) < 8:
         raise GraphFormatError(f"file too short to be a graph file ({size} bytes)")
     ident = bytes(data[4:8])
     if ident != FILE_IDENTIFIER:
@@ -135,7 +160,7 @@ def _verify(data, deep: bool) -> VerifyReport:
         )
     plan = table_plans()["Graph"]
     try:
-        probe = Walker(data, min(size, MAX_FLATBUFFER_BYTES), _unknown((0, 0)))
+        probe = Walker(data, min(len(data), size, MAX_FLATBUFFER_BYTES), _unknown((0, 0)))
         root = probe.root()
         head = probe.scalars(root, plan)
     except Bad as e:
@@ -170,7 +195,11 @@ def _verify(data, deep: bool) -> VerifyReport:
         graph = Walker(data, seg, _unknown(version)).table(root, plan)
     except Bad as e:
         raise _located(e) from None
-    check_graph(graph, data, deep)
+    if seg > len(data):
+        raise GraphFormatError(f"the FlatBuffer part ({seg} bytes) was not read whole",
+                               field="segment_offset")
+    fixed = check_graph(graph, constants, deep)
+    bounds = check_bounds(graph, fixed, element_limit)
     return VerifyReport(
         f"{version[0]}.{version[1]}",
         graph.producer.decode("utf-8", "replace") if graph.producer else "",
@@ -180,6 +209,7 @@ def _verify(data, deep: bool) -> VerifyReport:
         size,
         seg,
         seg_len,
+        bounds,
     )
 
 

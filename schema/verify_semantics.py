@@ -7,16 +7,18 @@ and (deep) constant bytes that do not match their hash. Each check raises
 GraphFormatError with the node index (main chain) and the field at fault.
 """
 
+import hashlib
 import math
 from functools import cache
 
 from mlxgraph.schema.dtypes import dtype_info
 from mlxgraph.schema.enums import OperandKind
 from mlxgraph.schema.errors import GraphFormatError
-from mlxgraph.schema.format import ALIGNMENT, content_hash
+from mlxgraph.schema.format import ALIGNMENT
 from mlxgraph.schema.spec import FieldKind, op_specs
 
 _HEX = frozenset(b"0123456789abcdef")
+_HASH_PIECE = 1 << 24  # deep verification reads a constant 16 MiB at a time
 _OPERANDS = (FieldKind.OPERAND, FieldKind.OPERAND_LIST)
 _LISTS = (FieldKind.TENSOR_LIST, FieldKind.OPERAND_LIST, FieldKind.OUT_LIST)
 
@@ -40,13 +42,15 @@ def _op_slots() -> dict:
     return out
 
 
-def check_graph(g, data, deep: bool) -> None:
+def check_graph(g, constants, deep: bool) -> set:
     """Run every semantic check on the decoded Graph record ``g``.
 
     Args:
         g: the Graph record from verify_structure.Walker.
-        data: the whole file (for constant hashes).
+        constants: reads the file's constant bytes (``.read(offset, length)``) for hashes.
         deep: also hash every constant's bytes.
+    Returns:
+        The tensor slots graph inputs and constants fill.
     Raises:
         GraphFormatError: the first fault found (without the file name).
     """
@@ -72,7 +76,7 @@ def check_graph(g, data, deep: bool) -> None:
                 )
     inputs = _io(g.inputs, nt, "inputs")
     _io(g.outputs, nt, "outputs")
-    const_slots = _constants(g, data, deep)
+    const_slots = _constants(g, constants, deep)
     both = inputs & const_slots
     if both:
         raise GraphFormatError(
@@ -100,6 +104,7 @@ def check_graph(g, data, deep: bool) -> None:
                         "is never defined",
                         field="outputs",
                     )
+    return inputs | const_slots
 
 
 def _slot(v, n, kind, node, field):
@@ -134,7 +139,7 @@ def _layers(layers) -> None:
             raise GraphFormatError("cache geometry must be positive", field=f"metadata.layers[{i}]")
 
 
-def _constants(g, data, deep) -> set:
+def _constants(g, constants, deep) -> set:
     """Check every constant; returns the tensor slots they fill."""
     seg_start, seg_end = g.segment_offset, g.segment_offset + g.segment_length
     shapes = g.tensors
@@ -176,7 +181,7 @@ def _constants(g, data, deep) -> set:
         prev = spans.get(c.offset)
         if prev is None or c.length > prev[0]:
             spans[c.offset] = (c.length, i)
-        if deep and content_hash(memoryview(data)[c.offset:c.offset + c.length]) != c.hash.decode():
+        if deep and _hash_range(constants, c.offset, c.length) != c.hash.decode():
             raise GraphFormatError("bytes do not match their hash", field=f"{where}.hash")
     end, last = seg_start, None
     for offset in sorted(spans):
@@ -188,6 +193,14 @@ def _constants(g, data, deep) -> set:
         if length:
             end, last = offset + length, i
     return slots
+
+
+def _hash_range(constants, offset: int, length: int) -> str:
+    """writer.content_hash of the bytes [offset, offset + length), read in bounded pieces."""
+    h = hashlib.blake2b(digest_size=16)
+    for start in range(offset, offset + length, _HASH_PIECE):
+        h.update(constants.read(start, min(_HASH_PIECE, offset + length - start)))
+    return h.hexdigest()
 
 
 def _chain(nodes, tdef, vdef, c) -> bytearray:

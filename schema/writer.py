@@ -5,14 +5,13 @@ and calls :meth:`GraphWriter.write`. Nodes are encoded generically from the sche
 (schema/spec.py) through the generated bindings, so a new op needs no code here.
 """
 
-import os
-from pathlib import Path
 
 import flatbuffers
 import numpy as np
 
 from mlxgraph.generated import mlxgraph_generated as fb
 from mlxgraph.schema import encode
+from mlxgraph.schema.atomic_write import write_atomically
 from mlxgraph.schema.dtypes import dtype_info
 from mlxgraph.schema.format import (
     ALIGNMENT,
@@ -135,13 +134,18 @@ class GraphWriter:
     def write(self, path, verify: bool = False) -> dict:
         """Write the file; returns {'bytes', 'flatbuffer_bytes', 'constant_bytes'}.
 
+        The file appears whole or not at all (schema/atomic_write.py).
+
         Args:
-            path: where to write (through ``path.partial``, renamed into place when done).
+            path: where to write.
             verify: verify the written file (structure and semantics, not the hashes)
-                before it takes ``path``'s place; an invalid file is deleted, never left.
+                before it takes ``path``'s place; an invalid file is deleted, never kept.
         Raises:
             ValueError: the FlatBuffer part would exceed 2 GiB.
-            GraphFormatError: ``verify`` and the written file is not a valid graph file.
+            FileExistsError: ``path`` is a folder, device, FIFO or symlink (never replaced).
+            OSError: the write failed; an old file at ``path`` is unchanged.
+            GraphFormatError: ``verify`` and the written file is not a valid graph file
+                (an old file at ``path`` is unchanged).
         """
         # The root records where the constant segment starts, which depends on the size
         # of the FlatBuffer itself: build once to learn the size, then again for real
@@ -156,18 +160,18 @@ class GraphWriter:
         buf = self._build(segment_offset, layout, segment_length)
         if len(buf) != len(probe):
             raise AssertionError("FlatBuffer size changed between passes")
-        path = Path(path)
-        tmp = path.with_name(path.name + ".partial")
-        with open(tmp, "wb") as f:
+
+        def fill(f):
             f.write(buf)
             f.write(b"\0" * (segment_offset - len(buf)))
             for (_, offset, nbytes, _), (_, data, _) in zip(layout, self.constants):
                 assert f.tell() == offset
-                f.write(memoryview(data).cast("B"))
+                if nbytes:  # (a view of zero elements cannot be cast to bytes)
+                    f.write(memoryview(data).cast("B"))
                 f.write(b"\0" * (align_up(offset + nbytes) - offset - nbytes))
-        if verify:
-            _verify_written(tmp, path)
-        os.replace(tmp, path)
+
+        check = (lambda tmp: _verify_written(tmp, path)) if verify else None
+        write_atomically(path, fill, check=check)
         return {"bytes": cursor, "flatbuffer_bytes": len(buf), "constant_bytes": segment_length}
 
     def _build(self, segment_offset, layout, segment_length=2**62) -> bytes:
@@ -207,14 +211,11 @@ class GraphWriter:
         return bytes(out)
 
 
-def _verify_written(tmp: Path, path: Path) -> None:
-    """Verify the file just written at ``tmp`` (errors name ``path``); delete it if invalid."""
+def _verify_written(tmp, path) -> None:
+    """Verify the file just written at ``tmp`` (errors name ``path``; the caller deletes it)."""
     data = map_file(tmp)
     try:
         verify_buffer(data, path=path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     finally:
         if hasattr(data, "close"):
             data.close()

@@ -26,6 +26,7 @@ def lower_module(module, path, max_t=16):
     """Lower ``module`` into a graph file at ``path``; returns the GraphWriter."""
     writer = GraphWriter()
     lower_program(export_module(module, max_t), writer, strip_prefix="")
+    writer.metadata.vocab_size = V  # the test modules embed V-row tables (verify checks it)
     writer.write(path)
     return writer
 

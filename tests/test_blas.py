@@ -31,8 +31,7 @@ import mlxgraph.interpreter.blas as b
 {setup}
 try:
     info = b.preload_blas()
-    print(json.dumps({{"name": info.name, "path": info.path, "preloaded": info.preloaded,
-                      "detail": info.detail}}))
+    print(json.dumps(info.as_dict()))
 except b.BlasError as e:
     print(json.dumps({{"error": str(e)}}))
 """
@@ -57,7 +56,15 @@ def test_nothing_found_falls_back_to_bundled():
     info = _report("b.CANDIDATES = ('libmlxgraph-no-such-blas.so.0',)")
     assert not info["preloaded"]
     assert info["name"] == "bundled reference BLAS"
-    assert "libopenblas0-pthread" in info["detail"]
+    assert "scipy-openblas32" in info["detail"] and "libopenblas0-pthread" in info["detail"]
+
+
+def test_default_is_the_package_index_openblas():
+    # scipy-openblas32 is a dependency on Linux x86-64/aarch64: no root needed for the fast path.
+    info = _report()
+    if not info["preloaded"] or "scipy_openblas" not in info["path"]:
+        pytest.skip("scipy-openblas32 not installed on this platform")
+    assert info["name"].startswith("OpenBLAS")
 
 
 def test_env_none_keeps_bundled():
@@ -124,7 +131,8 @@ def test_mlx_binds_to_preloaded_blas_and_stays_correct(optimised):
     worst = float(proc.stdout.split("WORST", 1)[1].split()[0])
     assert worst < 1e-5
     bound = os.path.realpath(_bound_library(proc.stderr))
-    assert bound == optimised["path"]
+    # With the router built, libmlx binds to it (it forwards to the BLAS); else to the BLAS.
+    assert bound == (optimised["router_path"] or optimised["path"])
 
 
 def test_without_preload_mlx_binds_to_bundled():

@@ -48,6 +48,7 @@ def _small(tmp_path) -> bytes:
     )
     w.add_output("y", y)
     w.metadata.eos_token_ids = (1,)
+    w.metadata.vocab_size = 4
     w.write(tmp_path / "small.mlxg")
     return (tmp_path / "small.mlxg").read_bytes()
 

@@ -142,6 +142,7 @@ def test_constants_text_and_duplicates(capsys, tmp_path):
     w.add_node("Embedding", weight=e1, indices=tok, out=out)
     w.add_input("tokens", tok)
     w.add_output("x", out)
+    w.metadata.vocab_size = 3
     path = tmp_path / "dups.mlxg"
     w.write(path)
     code, text, _ = run_cli(capsys, "inspect", path, "--constants")

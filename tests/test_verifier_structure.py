@@ -145,6 +145,7 @@ def _layered(layers: int) -> GraphWriter:
     emb = w.add_constant("embed", np.zeros((16, 8), np.float16))
     h = w.add_tensor("h", "float16", (1, "T", 8))
     w.add_node("Embedding", weight=emb, indices=x, out=h)
+    w.metadata.vocab_size = 16
     for layer in range(layers):
         def t(name, shape=(1, "T", 8), layer=layer):
             return w.add_tensor(f"layers.{layer}.{name}", "float16", shape)

@@ -29,6 +29,7 @@ def base():
     y = w.add_tensor("y", "float32", (1, "T", 8))
     w.add_node("Mul", a=Operand.tensor(x), b=Operand.literal(2.0), out=y)
     w.add_output("y", y)
+    w.metadata.vocab_size = 10
     return w, {"T": t_val, "tokens": tok, "embed": emb, "x": x, "y": y}
 
 

@@ -9,6 +9,12 @@ import argparse
 import importlib
 import sys
 
+from mlxgraph.tools.output import escaped_output, fail
+
+# Reports that print names read from a graph file: their output escapes control characters
+# (a name is data, never a terminal command). `generate` prints model text as it is.
+ESCAPED = ("inspect", "diff", "compare", "verify")
+
 # subcommand -> (module, one-line help)
 COMMANDS = {
     "export": (
@@ -30,9 +36,24 @@ def _load(name: str):
     return importlib.import_module(f"mlxgraph.tools.{COMMANDS[name][0]}")
 
 
+class UsageError(Exception):
+    """A command line argparse refuses: reported in one line, exit 2."""
+
+    def __init__(self, prog: str, message: str):
+        super().__init__(message)
+        self.prog, self.message = prog, message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors raised (one line from main) instead of usage + exit."""
+
+    def error(self, message):
+        raise UsageError(self.prog, message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(
+    """The argument parser with every subcommand (usage errors raise UsageError)."""
+    parser = _Parser(
         prog="mlxgraph", description="PyTorch language models as graph files, run on MLX."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -42,13 +63,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """Run the command line; returns the exit code (usage errors exit 2 through argparse)."""
+    """Run the command line; returns the exit code (usage errors: one line on stderr, 2)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as e:
+        where = e.prog.removeprefix("mlxgraph").strip()
+        return fail(f"{where}: {e.message}" if where else e.message)
     if not args.command:
         parser.print_help()
         return 2
     try:
+        if args.command in ESCAPED:
+            with escaped_output():
+                return int(_load(args.command).run(args) or 0)
         return int(_load(args.command).run(args) or 0)
     except KeyboardInterrupt:
         return 130

@@ -13,8 +13,10 @@ from mlxgraph.tools.output import (
     fail,
     fmt_num,
     json_header,
+    non_negative_int,
     open_checked,
     parse_ids,
+    positive_float,
     print_json,
 )
 
@@ -27,16 +29,18 @@ def add_arguments(parser) -> None:
         "--prompt-ids", required=True, help="prompt token ids, comma separated (e.g. 1,2,3)"
     )
     parser.add_argument(
-        "--steps", type=int, default=4, help="greedy decode steps after the prefill (default 4)"
+        "--steps", type=non_negative_int, default=4,
+        help="greedy decode steps after the prefill (default 4)",
     )
     parser.add_argument(
         "--rtol",
-        type=float,
+        type=positive_float,
         default=None,
         help="relative tolerance for floating outputs (default: by dtype, see docs/json-output.md)",
     )
     parser.add_argument(
-        "--top", type=int, default=10, help="how many of the worst nodes to list (default 10)"
+        "--top", type=non_negative_int, default=10,
+        help="how many of the worst nodes to list (default 10)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the result as JSON (docs/json-output.md)"

@@ -11,25 +11,29 @@ import sys
 import time
 
 from mlxgraph.schema.format import format_version
-from mlxgraph.tools.output import fail, human_bytes, json_header_for, print_json
+from mlxgraph.tools.output import fail, human_bytes, json_header_for, positive_int, print_json
 
 
 def add_arguments(parser) -> None:
     """Declare the command's arguments."""
     parser.add_argument(
         "model",
-        help="a Hugging Face model folder (config.json + safetensors) or a "
-        "built-in name: tiny-llama, tiny-qwen2, tiny-mistral, tiny-gemma3, tiny-phi3",
+        help="a Hugging Face model folder (config.json + safetensors) or a built-in name: "
+        "tiny-code (trained on Python code), or tiny-llama, tiny-qwen2, tiny-mistral, "
+        "tiny-gemma3, tiny-phi3 (seeded random weights)",
     )
     parser.add_argument("-o", "--output", required=True, help="the .mlxg file to write")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="compute and weight dtype of the graph (default float32)")
     parser.add_argument(
         "--max-seq-len",
-        type=int,
-        default=2048,
-        help="the most tokens one step may carry, and the recorded max context (default 2048)",
+        type=positive_int,
+        default=None,
+        help="the most tokens one step may carry, and the recorded max context "
+        "(default 2048, or the model's max_position_embeddings when smaller)",
     )
+    parser.add_argument("--allow-nonfinite", action="store_true",
+                        help="export weights holding NaN or infinity (refused by default)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -69,6 +73,7 @@ def run(args) -> int:
             dtype=args.dtype,
             max_seq_len=args.max_seq_len,
             progress=progress,
+            allow_nonfinite=args.allow_nonfinite,
         )
     except ExportError as e:
         return fail(f"export: {e}")

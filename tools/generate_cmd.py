@@ -18,9 +18,14 @@ from mlxgraph.tools.output import (
     fail,
     human_bytes,
     json_header,
+    non_negative_float,
+    non_negative_int,
     parse_ids,
     peak_rss_bytes,
+    positive_int,
+    print_compute_note,
     print_json,
+    probability_mass,
 )
 
 DEFAULT_MAX_TOKENS = 128
@@ -33,21 +38,23 @@ def add_arguments(p) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (tokenised with the graph's recorded tokenizer)")
     src.add_argument("--prompt-ids", help="prompt token ids, comma-separated (e.g. 1,2,3)")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+    p.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,
                    help=f"most tokens to generate (default {DEFAULT_MAX_TOKENS})")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 "
-                                                                  "samples")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 "
-                                                        "= off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
-    p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: "
-                                                          "random, reported)")
-    p.add_argument("--capacity", type=int, default=None,
+    p.add_argument("--temperature", type=non_negative_float, default=0.0,
+                   help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-k", type=non_negative_int, default=0,
+                   help="sample among the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=probability_mass, default=1.0,
+                   help="nucleus sampling mass (1.0 = off)")
+    p.add_argument("--seed", type=non_negative_int, default=None,
+                   help="random seed for sampling (default: random, reported)")
+    p.add_argument("--capacity", type=positive_int, default=None,
                    help="KV cache capacity in tokens (default: the graph's max context)")
-    p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
+    p.add_argument("--prefill-chunk", type=positive_int, default=DEFAULT_PREFILL_CHUNK,
                    help=f"prompt tokens per prefill step (default {DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--kv-dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="KV cache storage dtype (default: the compute dtype)")
+    p.add_argument("--compute-dtype", choices=("float32",), help="widen float16/bfloat16 at load")
     p.add_argument("--kv-bits", type=int, choices=(4, 8), default=None,
                    help="store the KV cache quantized to 4 or 8 bits "
                         "(group-wise affine; default: floats)")
@@ -76,7 +83,7 @@ def _check_args(args) -> None:
         raise ToolError(f"--capacity must be >= 1, got {args.capacity}")
     if args.window is not None and args.window < 1:
         raise ToolError(f"--window must be >= 1, got {args.window}")
-    if not os.path.isfile(args.graph):
+    if not os.path.exists(args.graph):
         raise ToolError(f"{args.graph}: no such file")
 
 
@@ -102,7 +109,7 @@ def _prepare(args):
     from mlxgraph.tools.tokenizer import TokenizerError, load_tokenizer
 
     try:
-        program = Program.load(args.graph)
+        program = Program.load(args.graph, compute_dtype=args.compute_dtype)
     except GraphFormatError as e:
         raise ToolError(str(e)) from None
     except OSError as e:
@@ -161,7 +168,7 @@ def _run(args, blas) -> int:
     from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
     from mlxgraph.interpreter.kv_cache import CacheError
     from mlxgraph.tools.generation import GenerationStats, generate
-    from mlxgraph.tools.tokenizer import printable
+    from mlxgraph.tools.tokenizer import decode_all, printable
 
     try:
         program, tokenizer, prompt_ids, session, sampler, max_tokens, cache_report = _prepare(args)
@@ -196,7 +203,7 @@ def _run(args, blas) -> int:
     except (GraphRuntimeError, SessionError, CacheError) as e:
         if not args.json:
             out.write("\n")
-        print(f"mlxgraph: generate: {e}", file=sys.stderr)
+        print(printable(f"mlxgraph: generate: {e}"), file=sys.stderr)
         return 1
     except ToolError as e:  # the prompt cache could not be written
         if not args.json:
@@ -205,11 +212,12 @@ def _run(args, blas) -> int:
     if stats.stop_reason == "max_tokens" and max_tokens < args.max_tokens:
         stats.stop_reason = "capacity"
     doc = _stats_doc(stats, blas, sampler, mx)
+    doc["stats"]["compute"] = program.compute_info()
     doc["kv_cache"] = {**{k: session.policy[k] for k in ("kv_dtype", "kv_bits", "kv_group_size")},
                        "approximations": {str(k): v for k, v in session.approximations.items()}}
     doc["prompt_cache"] = cache_report.as_dict() if cache_report else None
     if args.json:
-        body = _decode(tokenizer, tokens) if tokenizer else None
+        body = decode_all(tokenizer, tokens) if tokenizer else None
         print_json({**json_header({"file": program.graph}), "graph": str(args.graph),
                     "prompt_ids": list(prompt_ids), "token_ids": tokens, "text": body,
                     "stop_reason": stats.stop_reason, **doc})
@@ -221,26 +229,21 @@ def _run(args, blas) -> int:
     _print_stats(stats, doc, blas, sys.stderr)
     _print_cache_notes(doc, sys.stderr)
     source = program.metadata.extra.get("source", "")
-    if source.startswith("tiny-"):
-        # The built-ins are for trying the pipeline: say why their text reads as noise.
+    if source.startswith("tiny-") and program.metadata.tokenizer == "byte":
+        # The random built-ins are for trying the pipeline: say why their text reads as noise
+        # (tiny-code, the trained one, has a real tokenizer and reads like Python).
         print(f"model        {source}: seeded random weights, so the text is noise; export a "
               "Hugging Face "
               "model folder for real text", file=sys.stderr)
     return 0
 
 
-def _decode(tokenizer, ids) -> str:
-    """The text of ``ids`` as the stream decoder gives it (specials skipped)."""
-    dec = tokenizer.stream_decoder()
-    return "".join(dec.add(t) for t in ids) + dec.flush()
-
-
 def _echo_ids(tokenizer, ids) -> str:
-    from mlxgraph.tools.tokenizer import printable
+    from mlxgraph.tools.tokenizer import decode_all, printable
 
     if tokenizer is None:
         return " ".join(str(i) for i in ids) + " |"
-    return printable(_decode(tokenizer, ids))
+    return printable(decode_all(tokenizer, ids))
 
 
 def _stats_doc(stats, blas, sampler, mx) -> dict:
@@ -256,8 +259,7 @@ def _stats_doc(stats, blas, sampler, mx) -> dict:
             "decode_tokens_per_second": stats.decode_tps,
             "peak_memory_bytes": int(mx.get_peak_memory()),
             "peak_rss_bytes": peak_rss_bytes(),
-            "blas": {"name": blas.name, "path": blas.path, "preloaded": blas.preloaded,
-                     "detail": blas.detail},
+            "blas": blas.as_dict(),
         },
     }
 
@@ -275,6 +277,7 @@ def _print_stats(stats, doc, blas, err) -> None:
           f"{human_bytes(s['peak_rss_bytes'])} process RSS",
           file=err)
     print(f"BLAS         {blas.describe()}", file=err)
+    print_compute_note(s["compute"], err)
 
 
 def _print_cache_notes(doc, err) -> None:

@@ -118,7 +118,9 @@ def generate(session, prompt_ids, sampler, max_tokens: int, stop_ids=(), prefill
     finally:
         if fed_ahead:
             # The step fed after the final token is not part of the history.
-            session.trim(1)
+            session.trim(1)     # (also reads back every pending index check)
+        else:
+            session.check()     # the last steps' index checks (interpreter/index_guard.py)
 
 
 __all__ = ["GenerationStats", "generate", "prefill"]

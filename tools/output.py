@@ -1,5 +1,6 @@
 """Shared plumbing of the tools: opening graph files, errors, token ids, JSON, number printing."""
 
+import contextlib
 import json
 import math
 import resource
@@ -85,6 +86,50 @@ def json_header_for(version) -> dict:
     }
 
 
+def _number(kind, text: str, ok, want: str):
+    """argparse ``type=`` helper: ``text`` as ``kind`` if ``ok(value)``, else a one-line error."""
+    import argparse
+
+    try:
+        value = kind(text)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be {want}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an int >= 0 below 2**64 (a seed, a top-k)."""
+    return _number(int, text, lambda v: 0 <= v < 2**64, "an integer in [0, 2**64)")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1 that fits 32 bits (token counts, capacities)."""
+    return _number(int, text, lambda v: 1 <= v <= 2**31 - 1, "an integer in [1, 2**31 - 1]")
+
+
+def positive_count(text: str) -> int:
+    """argparse type: an int >= 1 below 2**63 (an element limit)."""
+    return _number(int, text, lambda v: 1 <= v < 2**63, "an integer in [1, 2**63)")
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite float >= 0 (a temperature)."""
+    return _number(float, text, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite float > 0 (a tolerance)."""
+    return _number(float, text, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+
+
+def probability_mass(text: str) -> float:
+    """argparse type: a float in (0, 1] (top-p)."""
+    return _number(float, text, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
 def parse_ids(text: str) -> list:
     """Token ids from ``--prompt-ids``: '1, 2,3' -> [1, 2, 3].
 
@@ -153,9 +198,46 @@ def print_json(doc: dict, out=None) -> None:
 
 
 def fail(message: str) -> int:
-    """Print ``mlxgraph: message`` to stderr; returns exit code 2."""
-    print(f"mlxgraph: {message}", file=sys.stderr)
+    """Print ``mlxgraph: message`` to stderr (control characters escaped); returns exit code 2."""
+    print(printable(f"mlxgraph: {message}"), file=sys.stderr)
     return 2
+
+
+def printable(text) -> str:
+    """``text`` safe for a terminal: every character Python does not call printable (C0/C1
+    controls such as ESC, bidi overrides, zero-width marks...) other than newline and tab
+    written as its escape (``\\x1b``). Strings stored in a graph file are data.
+    """
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+
+
+class _EscapingStream:
+    """A text stream that writes every string through :func:`printable`."""
+
+    def __init__(self, raw):
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        self.raw.write(printable(text))
+        return len(text)
+
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
+
+
+@contextlib.contextmanager
+def escaped_output():
+    """Within the block, stdout and stderr escape control characters (text reports that
+    print names read from graph files: inspect, diff, compare)."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _EscapingStream(saved[0]), _EscapingStream(saved[1])
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
 
 
 def human_bytes(n: int) -> str:
@@ -180,3 +262,22 @@ def fmt_num(x) -> str:
 def shape_str(shape) -> str:
     """A slot shape as '[1, T, 768]' (None = dynamic as '?')."""
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def print_compute_note(compute: dict, err) -> None:
+    """Print generate's compute line when the note says something."""
+    note = compute_note(compute)
+    if note:
+        print(f"compute      {note}", file=err)
+
+
+def compute_note(compute: dict) -> str:
+    """generate's line on the dtypes computed in, for a half-precision graph ('' otherwise)."""
+    dtypes = ", ".join(compute["dtypes"])
+    if compute["widened_from"]:
+        widened = ", ".join(compute["widened_from"])
+        return f"{dtypes} (widened from {widened} at load: --compute-dtype)"
+    if {"float16", "bfloat16"} & set(compute["dtypes"]):
+        return (f"{dtypes}: MLX's half-precision matmuls on CPU are 20-50x slower than float32; "
+                "--compute-dtype float32 widens at load")
+    return ""

@@ -8,6 +8,8 @@ global random state.
 Imports mlx: import this only after the BLAS preload (see mlxgraph.interpreter.blas).
 """
 
+import math
+
 import mlx.core as mx
 
 
@@ -54,16 +56,19 @@ class Sampler:
         top_p: nucleus sampling mass (1.0 = off).
         seed: starts the key chain (sampling only).
     Raises:
-        ValueError: a negative temperature or top_k, or top_p outside (0, 1].
+        ValueError: a negative or non-finite temperature, a negative top_k or seed, or top_p
+            outside (0, 1].
     """
 
     def __init__(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0):
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
         if top_k < 0:
             raise ValueError(f"top-k must be >= 0, got {top_k}")
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top-p must be in (0, 1], got {top_p}")
+        if not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
         self.temperature, self.top_k, self.top_p, self.seed = (
             float(temperature),
             int(top_k),

@@ -201,6 +201,7 @@ def printable(text: str) -> str:
 
 
 __all__ = [
+    "decode_all",
     "ByteTokenizer",
     "HFTokenizer",
     "StreamDecoder",
@@ -208,3 +209,9 @@ __all__ = [
     "load_tokenizer",
     "printable",
 ]
+
+
+def decode_all(tokenizer, ids) -> str:
+    """The text of ``ids`` as the stream decoder gives it (specials skipped)."""
+    dec = tokenizer.stream_decoder()
+    return "".join(dec.add(t) for t in ids) + dec.flush()

@@ -1,16 +1,15 @@
-"""`mlxgraph verify FILE [--deep] [--json]`: is this a valid graph file?
+"""`mlxgraph verify FILE [--deep] [--element-limit N] [--json]`: is this a valid graph file?
 
 Exit 0 and ``FILE: valid (format 1.0, N nodes, M constants, X MB)`` on stdout; exit 1 and
 one line ``FILE: invalid: <reason>`` on stderr; exit 2 when the file cannot be read.
 """
 
-import mmap
 import sys
 
 from mlxgraph.schema.errors import GraphFormatError
-from mlxgraph.schema.reader import map_file
+from mlxgraph.schema.reader import read_file
 from mlxgraph.schema.verifier import peek_version, verify_report
-from mlxgraph.tools.output import fail, json_header_for, print_json
+from mlxgraph.tools.output import fail, json_header_for, positive_count, print_json, printable
 
 
 def add_arguments(parser) -> None:
@@ -20,6 +19,11 @@ def add_arguments(parser) -> None:
         "--deep",
         action="store_true",
         help="also hash every constant and compare with its recorded hash",
+    )
+    parser.add_argument(
+        "--element-limit", type=positive_count, default=None, metavar="N",
+        help="the most elements one tensor of a step may have (default: the file's own limit, "
+             "as mlxgraph.load(path, element_limit=N))",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the result as JSON (docs/json-output.md)"
@@ -34,25 +38,22 @@ def _mb(n: int) -> str:
 def run(args) -> int:
     """Verify one file; returns 0 valid, 1 invalid, 2 unreadable."""
     try:
-        data = map_file(args.file)
+        data, size, constants = read_file(args.file)
     except OSError as e:
-        return fail(f"verify: {args.file}: cannot read: {e.strerror or e}")
+        return fail(f"verify: {printable(args.file)}: cannot read: {e.strerror or e}")
     try:
-        report = verify_report(data, path=args.file, deep=args.deep)
+        report = verify_report(data, path=args.file, deep=args.deep, size=size, constants=constants,
+                               element_limit=args.element_limit)
     except GraphFormatError as e:
         if args.json:
             version = peek_version(data)
             print_json({**json_header_for(None if version is None else "{}.{}".format(*version)),
                         "file": args.file, "valid": False, "deep": args.deep,
                         "error": {"node": e.node, "field": e.field, "reason": e.reason}})
-        print(f"{args.file}: invalid: {e.detail}", file=sys.stderr)
+        print(f"{printable(args.file)}: invalid: {printable(e.detail)}", file=sys.stderr)
         return 1
     finally:
-        if isinstance(data, mmap.mmap):
-            try:
-                data.close()
-            except BufferError:  # a view still alive (e.g. in a traceback): the GC unmaps it
-                pass
+        constants.close()
     if args.json:
         print_json(
             {
@@ -70,6 +71,6 @@ def run(args) -> int:
             }
         )
         return 0
-    print(f"{args.file}: valid (format {report.format_version}, {report.nodes} nodes, "
+    print(f"{printable(args.file)}: valid (format {report.format_version}, {report.nodes} nodes, "
           f"{report.constants} constants, {_mb(report.bytes)} MB)")
     return 0

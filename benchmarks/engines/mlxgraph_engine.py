@@ -1,9 +1,10 @@
-"""Benchmark process: greedy generation with an exported graph file, through mlxgraph's own loop.
+"""Benchmark process: greedy generation with an exported graph file, the Python API path.
 
     python benchmarks/engines/mlxgraph_engine.py --model G.mlxg --prompt-ids 1,2,3 --new-tokens 128
 
-Uses the same generation loop as `mlxgraph generate` (tools/generation.py), EOS ignored so
-every engine produces the same number of tokens. The BLAS is preloaded first.
+As a user's script does it: ``mlxgraph.load()`` (which preloads the BLAS by itself, before
+mlx is imported), then the same generation loop as `mlxgraph generate`
+(tools/generation.py), EOS ignored so every engine produces the same number of tokens.
 """
 
 import sys
@@ -14,16 +15,14 @@ from common import emit, parse_args, run_all
 def main() -> int:
     """Run the benchmark and print the result line."""
     args = parse_args()
-    from mlxgraph.interpreter.blas import preload_blas
-
-    blas = preload_blas()
-    import mlx.core as mx
-
     import mlxgraph
-    from mlxgraph.tools.generation import generate
-    from mlxgraph.tools.sampling import Sampler
 
     program = mlxgraph.load(args.model)
+    blas = mlxgraph.blas_in_use()
+    import mlx.core as mx
+
+    from mlxgraph.tools.generation import generate
+    from mlxgraph.tools.sampling import Sampler
 
     def once(prompt, n, timer):
         session = program.session()

@@ -1,0 +1,103 @@
+"""Writing a file so that readers see the old file or the whole new one, never a part.
+
+The bytes go to a temporary file created exclusively (``O_EXCL | O_NOFOLLOW``, a fresh
+random name) in the target's own folder, are flushed to disk, and the temporary file is
+renamed over the target. A symlink planted anywhere is never followed; a target that is
+not a regular file (folder, device, FIFO, symlink) is refused rather than replaced; any
+failure (a full disk, a file size limit, an interrupt) removes the temporary file and
+leaves the old target untouched.
+"""
+
+import errno
+import os
+import secrets
+import stat
+from pathlib import Path
+
+_CREATE = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def check_replaceable(path) -> None:
+    """Raise unless ``path`` is absent or a regular file (not followed if a symlink).
+
+    Raises:
+        FileExistsError: the path is a folder, device, FIFO, socket or symlink.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        kind = (
+            "a symlink"
+            if stat.S_ISLNK(st.st_mode)
+            else "a folder"
+            if stat.S_ISDIR(st.st_mode)
+            else "not a regular file (a device, FIFO or socket)"
+        )
+        raise FileExistsError(
+            errno.EEXIST, f"exists and is {kind}; refusing to replace it", str(path)
+        )
+
+
+def write_atomically(path, fill, check=None) -> None:
+    """Create or replace the file ``path`` with what ``fill(f)`` writes to a binary file ``f``.
+
+    ``check(tmp)``, if given, is called with the temporary file's path once it is complete
+    and on disk, before it takes ``path``'s place; whatever it raises aborts the write.
+
+    Raises:
+        FileExistsError: ``path`` exists and is not a regular file.
+        OSError: the folder is missing or not writable, the disk is full, ...; the old
+            file (if any) is unchanged and no temporary file is left.
+        Whatever ``check`` raises, with the same guarantee.
+    """
+    path = Path(path)
+    check_replaceable(path)
+    umask = os.umask(0)
+    os.umask(umask)
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.partial")
+        try:
+            fd = os.open(tmp, _CREATE, 0o666 & ~umask)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(errno.EEXIST, "no free temporary name", str(path.parent))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fill(f)
+            f.flush()
+            os.fsync(f.fileno())
+        if check is not None:
+            check(tmp)
+        check_replaceable(path)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _sync_folder(path.parent)
+
+
+def _sync_folder(folder) -> None:
+    """Make the rename durable (best effort: not every platform can open a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,115 @@
+"""Run in a subprocess by tests/test_blas_router.py: call the router's cblas_sgemm directly,
+for every order/transpose combination, matrix-vector and general shapes, padded leading
+dimensions, alpha and beta values, and compare with a float64 numpy oracle.
+
+    python tests/router_cases.py ROUTER_SO BLAS_SO PREFIX ROUTE(0|1)
+
+Prints one JSON line: cases run, worst relative error, padding or NaN problems, and the
+router's call counts next to how many cases were matrix-vector.
+"""
+
+import ctypes
+import itertools
+import json
+import os
+import sys
+
+import numpy as np
+
+ROW, COL = 101, 102
+NO, T, CT = 111, 112, 113
+SHAPES = [(1, 37, 53), (29, 1, 41), (1, 1, 19), (1, 64, 1), (23, 31, 17), (2, 3, 5), (1, 5, 0)]
+F = ctypes.POINTER(ctypes.c_float)
+
+
+def stored(rows, cols, ld, order, fill, rng):
+    """A buffer holding a rows x cols matrix with leading dimension ld, padding = fill."""
+    outer, inner = (rows, cols) if order == ROW else (cols, rows)
+    buf = np.full(max(outer, 1) * ld, fill, dtype=np.float32)
+    grid = buf[: outer * ld].reshape(outer, ld) if outer else buf[:0].reshape(0, ld)
+    grid[:, :inner] = rng.standard_normal((outer, inner)).astype(np.float32)
+    return buf
+
+
+def matrix(buf, rows, cols, ld, order):
+    """The logical rows x cols matrix (float64) of a stored buffer."""
+    outer, inner = (rows, cols) if order == ROW else (cols, rows)
+    grid = buf[: outer * ld].reshape(outer, ld)[:, :inner].astype(np.float64)
+    return grid if order == ROW else grid.T
+
+
+def one_case(sgemm, order, ta, tb, m, n, k, pad, alpha, beta, rng):
+    a_rows, a_cols = (m, k) if ta == NO else (k, m)
+    b_rows, b_cols = (k, n) if tb == NO else (n, k)
+    lda = (a_cols if order == ROW else a_rows) + pad or 1
+    ldb = (b_cols if order == ROW else b_rows) + pad or 1
+    ldc = (n if order == ROW else m) + pad
+    a = stored(a_rows, a_cols, lda, order, 7.0, rng)
+    b = stored(b_rows, b_cols, ldb, order, 7.0, rng)
+    # beta == 0 must not read C: fill it with NaN. Padding gets a sentinel that must survive.
+    c = stored(m, n, ldc, order, -3.5, rng)
+    c_in = matrix(c, m, n, ldc, order)
+    if beta == 0.0:
+        c_in = np.zeros_like(c_in)
+        outer, inner = (m, n) if order == ROW else (n, m)
+        c.reshape(outer, ldc)[:, :inner] = np.nan
+    op_a = matrix(a, a_rows, a_cols, lda, order)
+    op_b = matrix(b, b_rows, b_cols, ldb, order)
+    op_a = op_a if ta == NO else op_a.T
+    op_b = op_b if tb == NO else op_b.T
+    want = alpha * (op_a @ op_b) + beta * c_in
+    sgemm(
+        order,
+        ta,
+        tb,
+        m,
+        n,
+        k,
+        ctypes.c_float(alpha),
+        a.ctypes.data_as(F),
+        lda,
+        b.ctypes.data_as(F),
+        ldb,
+        ctypes.c_float(beta),
+        c.ctypes.data_as(F),
+        ldc,
+    )
+    got = matrix(c, m, n, ldc, order)
+    outer, inner = (m, n) if order == ROW else (n, m)
+    padding_ok = bool(np.all(c.reshape(outer, ldc)[:, inner:] == -3.5))
+    scale = max(float(np.max(np.abs(want))) if want.size else 0.0, 1e-6)
+    err = float(np.max(np.abs(got - want))) / scale if want.size else 0.0
+    return err, padding_ok, bool(np.all(np.isfinite(got)))
+
+
+def main(router_so, blas_so, prefix, route) -> dict:
+    blas = ctypes.CDLL(blas_so, mode=os.RTLD_LOCAL)
+    router = ctypes.CDLL(router_so, mode=os.RTLD_LOCAL)
+    router.mlxgraph_router_bind.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int)
+    assert router.mlxgraph_router_bind(blas._handle, prefix.encode(), route) == 0
+    sgemm = router.cblas_sgemm
+    rng = np.random.default_rng(0)
+    worst, bad_padding, nonfinite, cases, matvec = 0.0, 0, 0, 0, 0
+    for order, ta, tb, (m, n, k), pad, (alpha, beta) in itertools.product(
+        (ROW, COL), (NO, T, CT), (NO, T, CT), SHAPES, (0, 3), ((1.0, 0.0), (-0.5, 1.0), (2.0, 0.25))
+    ):
+        err, padding_ok, finite = one_case(sgemm, order, ta, tb, m, n, k, pad, alpha, beta, rng)
+        worst, cases = max(worst, err), cases + 1
+        bad_padding += not padding_ok
+        nonfinite += not finite
+        matvec += (m == 1 or n == 1) and k > 0
+    gemv, gemm = ctypes.c_long(), ctypes.c_long()
+    router.mlxgraph_router_counts(ctypes.byref(gemv), ctypes.byref(gemm))
+    return {
+        "cases": cases,
+        "matvec_cases": matvec,
+        "worst": worst,
+        "bad_padding": bad_padding,
+        "nonfinite": nonfinite,
+        "sgemv_calls": gemv.value,
+        "sgemm_calls": gemm.value,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))))
