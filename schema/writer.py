@@ -22,10 +22,10 @@ from mlxgraph.schema.format import (
     align_up,
     content_hash,
 )
-from mlxgraph.schema.reader import map_file
+from mlxgraph.schema.reader import read_file
 from mlxgraph.schema.records import ModelInfo, NodeRecord, Operand, Provenance
 from mlxgraph.schema.spec import op_spec
-from mlxgraph.schema.verifier import verify_buffer
+from mlxgraph.schema.verifier import verify_report
 
 
 class GraphWriter:
@@ -213,12 +213,11 @@ class GraphWriter:
 
 def _verify_written(tmp, path) -> None:
     """Verify the file just written at ``tmp`` (errors name ``path``; the caller deletes it)."""
-    data = map_file(tmp)
+    data, size, constants = read_file(tmp)
     try:
-        verify_buffer(data, path=path)
+        verify_report(data, path=path, size=size, constants=constants)
     finally:
-        if hasattr(data, "close"):
-            data.close()
+        constants.close()
 
 
 __all__ = ["GraphWriter", "Operand", "Provenance", "ALIGNMENT"]
