@@ -24,9 +24,10 @@ import torch
 TRAINED_BUILTINS = {"tiny-code": Path(__file__).with_name("models") / "tiny-code"}
 
 BYTE_BOS, BYTE_EOS = 2, 3
-# transformers initialises weights from torch's global generator: two builds in two
-# threads at once would interleave their draws, so builds take turns.
-_BUILD_LOCK = threading.Lock()
+# transformers initialises weights from torch's global generator and builds a model under
+# process-global settings: two builds (or folder loads) in two threads at once interfere,
+# so they take turns.
+BUILD_LOCK = threading.Lock()
 
 _COMMON = dict(
     vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
@@ -78,7 +79,7 @@ def build_model(config, seed: int = 0):
     """A ``*ForCausalLM`` for ``config`` with weights drawn from a seeded generator (eval mode)."""
     from transformers import AutoModelForCausalLM
 
-    with _BUILD_LOCK:
+    with BUILD_LOCK:
         state = torch.random.get_rng_state()
         try:
             torch.manual_seed(seed)

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from mlxgraph.exporter.adapter import AdapterError, DecoderAdapter
-from mlxgraph.exporter.builtins import BUILTINS, TRAINED_BUILTINS, builtin_model
+from mlxgraph.exporter.builtins import BUILD_LOCK, BUILTINS, TRAINED_BUILTINS, builtin_model
 from mlxgraph.exporter.finite_weights import nonfinite_weights
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
 from mlxgraph.schema.atomic_write import check_replaceable
@@ -70,10 +70,10 @@ def load_model(model, dtype: str):
         )
     from transformers import AutoModelForCausalLM
 
-    try:
-        m, loading = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=DTYPES[dtype], output_loading_info=True
-        )
+    try:  # (transformers' model building has process-global state: builds take turns)
+        with BUILD_LOCK:
+            m, loading = AutoModelForCausalLM.from_pretrained(
+                folder, dtype=DTYPES[dtype], output_loading_info=True)
     except Exception as e:  # config, weights, safetensors, missing code: all the folder's fault
         raise ExportError(f"{folder}: cannot load the model: {type(e).__name__}: {e}") from e
     # transformers fills what the checkpoint lacks with random weights and only logs it;
