@@ -11,7 +11,10 @@ cache alone decides the mask (docs/architecture.md#the-attention-contract).
 :class:`DecoderAdapter` wraps a ``*ForCausalLM`` as ``forward(tokens [1, T], positions
 [T]) -> logits [1, T, vocab]``, called with ``use_cache=False`` and explicit position ids.
 While it runs, each attention call records its layer's cache geometry (kv heads, head
-dims, sliding window as the model itself passes it), which becomes the graph's metadata.
+dims, sliding window as the model itself passes it, attention chunk from the config's
+layer types), which becomes the graph's metadata. Attention sinks (gpt-oss's ``s_aux``)
+and logit softcapping (Gemma-2's ``softcap``) go into the op; any other argument an
+attention call passes is refused unless it is known not to change the result.
 """
 
 import threading
@@ -21,6 +24,7 @@ import torch
 from transformers import AttentionInterface
 
 from mlxgraph.exporter.attention_op import reference_cache, update_and_attend
+from mlxgraph.exporter.model_support import AdapterError, chunked_layers
 from mlxgraph.schema.records import LayerCacheInfo
 
 ATTN_IMPLEMENTATION = "mlxgraph"
@@ -34,10 +38,15 @@ _state = threading.local()
 # adapter -> {layer_id: LayerCacheInfo}. Kept outside the module because torch.export
 # restores a module's Python attributes after tracing, which would drop what was recorded.
 _GEOMETRY = weakref.WeakKeyDictionary()
-
-
-class AdapterError(Exception):
-    """The model uses an attention feature the graph op cannot express."""
+# Attention-call arguments that do not change the result here (bookkeeping, or handled by
+# the cache). Any other one with a value is refused: it might change what attention does.
+_HARMLESS_KWARGS = frozenset({
+    "position_ids", "cache_position", "use_cache", "output_attentions", "is_causal", "layer_idx",
+    "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "return_dict",
+    "output_hidden_states", "output_router_logits",
+})
+# What the op implements: sliding window, logit softcapping, attention sinks (gpt-oss).
+_IMPLEMENTED_KWARGS = ("sliding_window", "softcap", "s_aux")
 
 
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -45,7 +54,8 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
 
     Returns (output [B, T, Hq, Dv], None) like the built-in implementations.
     Raises:
-        AdapterError: called outside a DecoderAdapter, or softcapping / a custom mask asked for.
+        AdapterError: called outside a DecoderAdapter, a custom mask, or an argument that
+            might change attention and is not implemented.
     """
     position = getattr(_state, "position", None)
     if position is None:
@@ -54,23 +64,29 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     if layer_id is None:
         raise AdapterError(f"{type(module).__name__} has no layer_idx to key its cache by")
     layer_id = int(layer_id)
-    where = f"layer {layer_id} ({type(module).__name__})"
-    if kwargs.get("softcap") is not None:
-        raise AdapterError(f"{where}: attention logit softcapping is not supported")
+    where = f"{_state.paths.get(id(module), f'layer {layer_id}')} ({type(module).__name__})"
     if attention_mask is not None:
         raise AdapterError(f"{where}: an explicit attention mask is not supported")
+    # An unknown flag left off (None / False) asks for nothing.
+    unknown = sorted(k for k, v in kwargs.items() if v is not None and v is not False
+                     and k not in _HARMLESS_KWARGS and k not in _IMPLEMENTED_KWARGS)
+    if unknown:
+        raise AdapterError(f"{where}: the attention argument {unknown[0]!r} is not supported")
     window = int(kwargs.get("sliding_window") or 0)
+    chunk = _state.chunks.get(layer_id, 0)
+    softcap = float(kwargs.get("softcap") or 0.0)
     scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
-    info = LayerCacheInfo(
-        layer_id, int(key.shape[1]), int(key.shape[-1]), int(value.shape[-1]), window
-    )
+    info = LayerCacheInfo(layer_id, int(key.shape[1]), int(key.shape[-1]), int(value.shape[-1]),
+                          window, chunk)
     seen = _state.layers.setdefault(layer_id, info)
     if seen != info:
         raise AdapterError(
             f"{where} is called twice with different cache geometry: {seen} vs {info}"
         )
     reference_cache.windows[layer_id] = window
-    out = torch.ops.mlxgraph.update_and_attend(query, key, value, position, layer_id, scale, None)
+    reference_cache.chunks[layer_id] = chunk
+    out = torch.ops.mlxgraph.update_and_attend(query, key, value, position, layer_id, scale, None,
+                                               kwargs.get("s_aux"), softcap)
     return out.transpose(1, 2), None
 
 
@@ -96,12 +112,16 @@ class DecoderAdapter(torch.nn.Module):
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
         use_export_friendly_experts(model)
         self.model = model
+        # Chunked layers are known from the config: the attention call does not say.
+        self.chunks = chunked_layers(model.config)
+        self.paths = {id(m): p for p, m in model.named_modules()}   # for messages
         _GEOMETRY[self] = {}
 
     def forward(self, tokens, positions):
         """Run one step; also records each attention layer's geometry (see layer_infos)."""
         _state.position = positions.reshape(-1, 1)
         _state.layers = _GEOMETRY[self]
+        _state.chunks, _state.paths = self.chunks, self.paths
         try:
             out = self.model(input_ids=tokens, position_ids=positions.unsqueeze(0), use_cache=False)
         finally:

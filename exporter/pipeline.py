@@ -15,6 +15,8 @@ from mlxgraph.exporter.adapter import AdapterError, DecoderAdapter
 from mlxgraph.exporter.builtins import BUILTINS, TRAINED_BUILTINS, builtin_model
 from mlxgraph.exporter.finite_weights import nonfinite_weights
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
+from mlxgraph.exporter.model_support import check_model
+from mlxgraph.exporter.trace_scope import ModuleScope
 from mlxgraph.schema.atomic_write import check_replaceable
 from mlxgraph.schema.records import ModelInfo
 from mlxgraph.schema.writer import GraphWriter
@@ -137,20 +139,23 @@ def trace(adapter, max_seq_len: int):
 
     Raises:
         AdapterError: the model's attention asked for something the graph op cannot do.
-        TraceError: torch.export failed (the first lines of its message).
+        TraceError: torch.export failed: the module being traced and the first lines of
+            torch's message.
     """
     # The example has T = 2: torch.export specializes a dimension traced at size 1.
     tokens = torch.zeros((1, 2), dtype=INPUT_DTYPE)
     positions = torch.arange(2, dtype=INPUT_DTYPE)
     seq = torch.export.Dim("T", min=1, max=max_seq_len)
+    scope = ModuleScope(adapter.model, prefix="")
     try:
-        with torch.no_grad():
+        with torch.no_grad(), scope:
             return torch.export.export(adapter, (tokens, positions),
                                        dynamic_shapes={"tokens": {1: seq}, "positions": {0: seq}})
     except AdapterError:
         raise
     except Exception as e:
-        raise TraceError(_first_lines("torch.export failed", e)) from e
+        where = scope.failed_in or "the model"
+        raise TraceError(_first_lines(f"torch.export failed in {where}", e)) from e
 
 
 def _first_lines(what: str, e: Exception, n: int = 6) -> str:
@@ -220,6 +225,7 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int | None = No
         return result
 
     m, source = step("loading", lambda: load_model(model, dtype))
+    check_model(m)
     limit = getattr(m.config, "max_position_embeddings", None)
     if max_seq_len is None:
         max_seq_len = min(DEFAULT_MAX_SEQ_LEN, int(limit)) if limit else DEFAULT_MAX_SEQ_LEN

@@ -20,6 +20,7 @@ class LayerGeometry:
     head_dim: int
     v_head_dim: int
     sliding_window: int  # 0 = full attention
+    attention_chunk: int = 0  # C > 0: a query sees only its own chunk of C positions
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ class Session(SessionState):
             # The geometry is the model's (its own window decides the math); the session's
             # window only decides how the store keeps history (make_store checks the two).
             geometry = LayerGeometry(lid, lc.kv_heads, lc.head_dim, lc.v_head_dim,
-                                     lc.sliding_window)
+                                     lc.sliding_window, lc.attention_chunk)
             policy = CachePolicy(self.capacity, self.kv_dtype, self._preallocate,
                                  self._windows[lid], self.max_step, bits, group)
             self.stores[lid] = make_store(geometry, policy)

@@ -57,9 +57,11 @@ class SessionState:
     @property
     def approximations(self) -> dict:
         """{layer_id: window} of full-attention layers given a window (they see only the
-        last ``window`` tokens: an approximation of the model, like mlx-lm's max_kv_size)."""
+        last ``window`` tokens: an approximation of the model, like mlx-lm's max_kv_size).
+        Chunked-attention layers keep their chunk whatever the window: never approximated."""
         layers = self.program.layers
-        return {lid: w for lid, w in self._windows.items() if w and not layers[lid].sliding_window}
+        return {lid: w for lid, w in self._windows.items()
+                if w and not layers[lid].sliding_window and not layers[lid].attention_chunk}
 
     def describe(self) -> dict:
         """What the session holds, per layer (kind, positions, window, dtype or bits, bytes).

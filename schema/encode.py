@@ -128,6 +128,7 @@ def metadata(b, m) -> int:
         fb.LayerCacheAddHeadDim(b, lc.head_dim)
         fb.LayerCacheAddVHeadDim(b, lc.v_head_dim)
         fb.LayerCacheAddSlidingWindow(b, lc.sliding_window)
+        fb.LayerCacheAddAttentionChunk(b, lc.attention_chunk)
         layers.append(fb.LayerCacheEnd(b))
     layers_vec = vector(b, "ModelMetadata", "layers", layers)
     extra = []

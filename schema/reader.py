@@ -166,7 +166,8 @@ class GraphFile:
             lc = m.Layers(i)
             layers.append(
                 LayerCacheInfo(
-                    lc.LayerId(), lc.KvHeads(), lc.HeadDim(), lc.VHeadDim(), lc.SlidingWindow()
+                    lc.LayerId(), lc.KvHeads(), lc.HeadDim(), lc.VHeadDim(), lc.SlidingWindow(),
+                    lc.AttentionChunk(),
                 )
             )
         extra = {}

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import mlxgraph
+from mlxgraph.schema.format import format_version
 from mlxgraph.tools.generation import GenerationStats, generate
 from mlxgraph.tools.sampling import Sampler
 from mlxgraph.tools.synthetic import llama
@@ -103,7 +104,7 @@ def test_cli_json_stops_at_eos(tmp_path, oracle):
     proc = _cli(graph, "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens", 12, "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert doc["format_version"] == "1.0" and doc["prompt_ids"] == PROMPT
+    assert doc["format_version"] == format_version() and doc["prompt_ids"] == PROMPT
     assert doc["token_ids"] == want[:want.index(eos) + 1] and doc["stop_reason"] == "eos"
     assert len(doc["token_ids"]) < 12
     stats = doc["stats"]

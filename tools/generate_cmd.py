@@ -141,7 +141,8 @@ def _prepare(args):
                                   kv_bits=args.kv_bits or 0, kv_group_size=args.kv_group_size)
     except (SessionError, CacheError) as e:
         raise ToolError(f"{args.graph}: {e}") from None
-    full_attention = any(lc.sliding_window == 0 and not session.approximations.get(lid)
+    bounded = session.approximations
+    full_attention = any(not (lc.sliding_window or lc.attention_chunk or bounded.get(lid))
                          for lid, lc in program.layers.items())
     if full_attention and len(prompt_ids) > session.capacity:
         raise ToolError(f"the prompt has {len(prompt_ids)} tokens, more than the KV capacity of "

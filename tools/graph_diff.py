@@ -56,6 +56,7 @@ def _layer(lc):
         "head_dim": lc.head_dim,
         "v_head_dim": lc.v_head_dim,
         "sliding_window": lc.sliding_window,
+        "attention_chunk": lc.attention_chunk,
     }
 
 

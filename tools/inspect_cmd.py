@@ -64,7 +64,7 @@ def cache_groups(layers) -> list:
     groups = []
     for lc in layers:
         geo = {"kv_heads": lc.kv_heads, "head_dim": lc.head_dim, "v_head_dim": lc.v_head_dim,
-               "sliding_window": lc.sliding_window}
+               "sliding_window": lc.sliding_window, "attention_chunk": lc.attention_chunk}
         if groups and groups[-1]["geometry"] == geo and groups[-1]["layers"][1] == lc.layer_id - 1:
             groups[-1]["layers"][1] = lc.layer_id
         else:
@@ -187,6 +187,8 @@ def print_summary(doc, version: str) -> None:
         lo, hi = g["layers"]
         span = f"layer {lo}" if lo == hi else f"layers {lo}-{hi}"
         window = f"window {g['sliding_window']}" if g["sliding_window"] else "full"
+        if g["attention_chunk"]:
+            window = f"chunk {g['attention_chunk']}"
         cache.append(
             f"{span}: kv_heads {g['kv_heads']} head_dim {g['head_dim']} v_head_dim "
             f"{g['v_head_dim']} {window}"
