@@ -48,3 +48,4 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/generate_bench.py
 	$(PY) benchmarks/session_state_bench.py
 	$(PY) benchmarks/guard_bench.py
+	$(PY) benchmarks/chat_bench.py

@@ -16,6 +16,12 @@ _LAZY = {
     "CacheFileError": "mlxgraph.interpreter.errors",
     "Program": "mlxgraph.interpreter.program",
     "Session": "mlxgraph.interpreter.session",
+    "TokenizerError": "mlxgraph.interpreter.tokenizer",
+    # Text in, text out (import mlx on first use).
+    "generate": "mlxgraph.tools.text_generation",
+    "stream_generate": "mlxgraph.tools.text_generation",
+    "GenerationResult": "mlxgraph.tools.text_generation",
+    "ChatSession": "mlxgraph.tools.chat_session",
 }
 
 
