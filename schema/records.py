@@ -155,3 +155,5 @@ class ModelInfo:
     layers: tuple = ()          # LayerCacheInfo
     tokenizer: str = ""
     extra: dict = field(default_factory=dict)
+    # file name -> text; stored in extra as tokenizer_file:<name> (schema/tokenizer_files.py)
+    tokenizer_files: dict = field(default_factory=dict)

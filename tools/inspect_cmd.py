@@ -139,6 +139,9 @@ def summary(graph, path) -> dict:
             "bos_token_id": m.bos_token_id,
             "tokenizer": m.tokenizer,
             "extra": dict(m.extra),
+            "tokenizer_files": {
+                k: len(v.encode("utf-8")) for k, v in sorted(m.tokenizer_files.items())
+            },
             "cache": cache_groups(m.layers),
         },
         "symbols": [{"name": s.name, "min": s.min, "max": s.max} for s in graph.symbols],
@@ -180,6 +183,9 @@ def print_summary(doc, version: str) -> None:
         f"vocab {m['vocab_size']}  max context {m['max_context']}  eos {m['eos_token_ids']}  "
         f"bos {m['bos_token_id']}  tokenizer {m['tokenizer'] or '-'}"
     )
+    if m["tokenizer_files"]:
+        files = [f"{k} ({human_bytes(n)})" for k, n in m["tokenizer_files"].items()]
+        print(*_wrap("tokenizer", files), sep="\n")
     if m["extra"]:
         print(*_wrap("extra", [f"{k}={v}" for k, v in sorted(m["extra"].items())]), sep="\n")
     cache = []
