@@ -83,7 +83,8 @@ def test_slow_block_runs(block, demo):
 def test_blocks_are_tagged_sparingly():
     tags = [b[2] for b in BLOCKS]
     assert set(tags) <= {"", "slow", "no-run"}, tags
-    assert tags.count("") >= 4 and tags.count("no-run") <= 6
+    # no-run is for installs, your own model folder and minutes-long benchmarks only.
+    assert tags.count("") >= 4 and tags.count("no-run") <= 8
 
 
 def test_one_exit_code_table_everywhere():
