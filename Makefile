@@ -31,6 +31,8 @@ blas:
 demo: $(STAMP)
 	@mkdir -p $(OUT)
 	$(VENV)/bin/mlxgraph export tiny-code -o $(OUT)/tiny-code.mlxg
+	@# The byte-level random tiny-llama is what the README's and docs' examples run on.
+	$(VENV)/bin/mlxgraph export tiny-llama -o $(OUT)/tiny-llama.mlxg
 	$(VENV)/bin/mlxgraph generate $(OUT)/tiny-code.mlxg --prompt "def fibonacci(n):" $(DEMO_SAMPLING)
 
 test: $(STAMP)
@@ -54,3 +56,4 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/session_state_bench.py
 	$(PY) benchmarks/guard_bench.py
 	$(PY) benchmarks/perplexity_bench.py
+	$(PY) benchmarks/chat_bench.py

@@ -22,6 +22,12 @@ _LAZY = {
     "BlasPreloadWarning": "mlxgraph.interpreter.blas",
     "blas_in_use": "mlxgraph.interpreter.blas",
     "preload_blas": "mlxgraph.interpreter.blas",
+    "TokenizerError": "mlxgraph.interpreter.tokenizer",
+    # Text in, text out (import mlx on first use).
+    "generate": "mlxgraph.tools.text_generation",
+    "stream_generate": "mlxgraph.tools.text_generation",
+    "GenerationResult": "mlxgraph.tools.text_generation",
+    "ChatSession": "mlxgraph.tools.chat_session",
 }
 
 

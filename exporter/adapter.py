@@ -11,7 +11,10 @@ cache alone decides the mask (docs/architecture.md#the-attention-contract).
 :class:`DecoderAdapter` wraps a ``*ForCausalLM`` as ``forward(tokens [1, T], positions
 [T]) -> logits [1, T, vocab]``, called with ``use_cache=False`` and explicit position ids.
 While it runs, each attention call records its layer's cache geometry (kv heads, head
-dims, sliding window as the model itself passes it), which becomes the graph's metadata.
+dims, sliding window as the model itself passes it, attention chunk from the config's
+layer types), which becomes the graph's metadata. Attention sinks (gpt-oss's ``s_aux``)
+and logit softcapping (Gemma-2's ``softcap``) go into the op; any other argument an
+attention call passes is refused unless it is known not to change the result.
 """
 
 from contextvars import ContextVar
@@ -20,6 +23,7 @@ import torch
 from transformers import AttentionInterface
 
 from mlxgraph.exporter.attention_op import ReferenceCache, update_and_attend, using_reference_cache
+from mlxgraph.exporter.model_support import AdapterError, chunked_layers
 from mlxgraph.schema.records import LayerCacheInfo
 
 ATTN_IMPLEMENTATION = "mlxgraph"
@@ -27,19 +31,32 @@ ATTN_IMPLEMENTATION = "mlxgraph"
 # (see use_export_friendly_experts).
 EXPERTS_IMPLEMENTATION = "batched_mm"
 
+# Attention-call arguments that do not change the result here (bookkeeping, or handled by
+# the cache). Any other one with a value is refused: it might change what attention does.
+_HARMLESS_KWARGS = frozenset({
+    "position_ids", "cache_position", "use_cache", "output_attentions", "is_causal", "layer_idx",
+    "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "return_dict",
+    "output_hidden_states", "output_router_logits",
+})
+# What the op implements: sliding window, logit softcapping, attention sinks (gpt-oss).
+_IMPLEMENTED_KWARGS = ("sliding_window", "softcap", "s_aux")
+
 
 class TraceRecord:
     """What one adapter records across its forwards: each layer's cache geometry
-    ({layer_id: LayerCacheInfo}) and the eager reference cache.
+    ({layer_id: LayerCacheInfo}) and the eager reference cache, plus what the attention
+    calls need to know about the model (chunked layers, module paths for messages).
 
     One object owned by one adapter (one export). torch.export restores a module's plain
     attributes (dicts, numbers) after tracing, which would drop what was recorded; it
     keeps this object, whose contents it does not touch.
     """
 
-    def __init__(self):
+    def __init__(self, chunks: dict, paths: dict):
         self.layers = {}
         self.reference_cache = ReferenceCache()
+        self.chunks = chunks
+        self.paths = paths
 
 
 # The forward being run: (positions as [T, 1], its adapter's TraceRecord). A context
@@ -47,16 +64,13 @@ class TraceRecord:
 _STEP: ContextVar = ContextVar("mlxgraph_adapter_step", default=None)
 
 
-class AdapterError(Exception):
-    """The model uses an attention feature the graph op cannot express."""
-
-
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """The ``mlxgraph`` attention implementation (transformers' attention-function signature).
 
     Returns (output [B, T, Hq, Dv], None) like the built-in implementations.
     Raises:
-        AdapterError: called outside a DecoderAdapter, or softcapping / a custom mask asked for.
+        AdapterError: called outside a DecoderAdapter, a custom mask, or an argument that
+            might change attention and is not implemented.
     """
     step = _STEP.get()
     if step is None:
@@ -66,23 +80,29 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     if layer_id is None:
         raise AdapterError(f"{type(module).__name__} has no layer_idx to key its cache by")
     layer_id = int(layer_id)
-    where = f"layer {layer_id} ({type(module).__name__})"
-    if kwargs.get("softcap") is not None:
-        raise AdapterError(f"{where}: attention logit softcapping is not supported")
+    where = f"{record.paths.get(id(module), f'layer {layer_id}')} ({type(module).__name__})"
     if attention_mask is not None:
         raise AdapterError(f"{where}: an explicit attention mask is not supported")
+    # An unknown flag left off (None / False) asks for nothing.
+    unknown = sorted(k for k, v in kwargs.items() if v is not None and v is not False
+                     and k not in _HARMLESS_KWARGS and k not in _IMPLEMENTED_KWARGS)
+    if unknown:
+        raise AdapterError(f"{where}: the attention argument {unknown[0]!r} is not supported")
     window = int(kwargs.get("sliding_window") or 0)
+    chunk = record.chunks.get(layer_id, 0)
+    softcap = float(kwargs.get("softcap") or 0.0)
     scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
-    info = LayerCacheInfo(
-        layer_id, int(key.shape[1]), int(key.shape[-1]), int(value.shape[-1]), window
-    )
+    info = LayerCacheInfo(layer_id, int(key.shape[1]), int(key.shape[-1]), int(value.shape[-1]),
+                          window, chunk)
     seen = record.layers.setdefault(layer_id, info)
     if seen != info:
         raise AdapterError(
             f"{where} is called twice with different cache geometry: {seen} vs {info}"
         )
     record.reference_cache.windows[layer_id] = window
-    out = torch.ops.mlxgraph.update_and_attend(query, key, value, position, layer_id, scale, None)
+    record.reference_cache.chunks[layer_id] = chunk
+    out = torch.ops.mlxgraph.update_and_attend(query, key, value, position, layer_id, scale, None,
+                                               kwargs.get("s_aux"), softcap)
     return out.transpose(1, 2), None
 
 
@@ -108,7 +128,9 @@ class DecoderAdapter(torch.nn.Module):
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
         use_export_friendly_experts(model)
         self.model = model
-        self.record = TraceRecord()
+        # Chunked layers are known from the config: the attention call does not say.
+        self.record = TraceRecord(chunked_layers(model.config),
+                                  {id(m): p for p, m in model.named_modules()})
 
     def forward(self, tokens, positions):
         """Run one step; also records each attention layer's geometry (see layer_infos)."""

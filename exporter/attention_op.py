@@ -11,7 +11,7 @@ two threads, never share history.
 
 Mask rule of the reference (the same one Hugging Face applies): a query at absolute
 position p sees a cached key at position s when s <= p and, for a layer with a sliding
-window W > 0, p - s < W.
+window W > 0, p - s < W, and for a chunked-attention layer (chunk C > 0), s // C == p // C.
 """
 
 from contextlib import contextmanager
@@ -26,12 +26,13 @@ __all__ = ["update_and_attend", "ReferenceCache", "using_reference_cache",
 class ReferenceCache:
     """Eager K/V history per layer_id: keys, values and their absolute positions.
 
-    Windows (layer_id -> W, 0 = full attention) decide the mask; K/V are kept whole,
-    which is simple and exact for a reference.
+    Windows (layer_id -> W, 0 = full attention) and chunks (layer_id -> C, 0 = none)
+    decide the mask; K/V are kept whole, which is simple and exact for a reference.
     """
 
     def __init__(self):
         self.windows = {}
+        self.chunks = {}
         self.layers = {}
 
     def reset(self, windows: dict | None = None) -> None:
@@ -90,6 +91,8 @@ def update_and_attend(
     layer_id: int,
     scale: float,
     out_dtype: torch.dtype | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Append k/v to layer ``layer_id``'s cache and attend q over the cached window.
 
@@ -98,6 +101,8 @@ def update_and_attend(
             Hq a multiple of Hkv.
         position: [T, 1] int, the absolute position of each query token.
         layer_id: which cache; scale: the softmax scale; out_dtype: None = q's dtype.
+        sinks: None or [Hq] sink logits (one extra softmax column per head, dropped).
+        softcap: 0 = none; else scores = tanh(scores / softcap) * softcap before the mask.
     Returns:
         [B, Hq, T, Dv] in out_dtype.
     """
@@ -112,18 +117,28 @@ def update_and_attend(
     # Grouped-query attention without repeating K/V: fold the group into the query axis.
     qf = q.float().reshape(b, hkv, group * t, q.shape[-1])
     scores = (qf @ keys.float().transpose(-1, -2)) * scale          # [B, Hkv, G*T, S]
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     visible = kpos[None, :] <= qpos[:, None]                          # [T, S]
     window = cache.windows.get(layer_id, 0)
     if window > 0:
         visible = visible & (qpos[:, None] - kpos[None, :] < window)
+    chunk = cache.chunks.get(layer_id, 0)
+    if chunk > 0:
+        visible = visible & (kpos[None, :] // chunk == qpos[:, None] // chunk)
     visible = visible.repeat(group, 1)                                # [G*T, S]
     scores = scores.masked_fill(~visible, float("-inf"))
-    out = torch.softmax(scores, dim=-1) @ values.float()              # [B, Hkv, G*T, Dv]
+    if sinks is not None:
+        column = sinks.float().reshape(1, hkv, group, 1).expand(b, hkv, group, t)
+        column = column.reshape(b, hkv, group * t, 1)
+        scores = torch.cat([scores, column], dim=-1)
+    probs = torch.softmax(scores, dim=-1)[..., :keys.shape[2]]
+    out = probs @ values.float()                                      # [B, Hkv, G*T, Dv]
     out = out.reshape(b, hq, t, values.shape[-1])
     return out.to(out_dtype or q.dtype)
 
 
 @update_and_attend.register_fake
-def _fake(q, k, v, position, layer_id, scale, out_dtype=None):
+def _fake(q, k, v, position, layer_id, scale, out_dtype=None, sinks=None, softcap=0.0):
     b, hq, t, _ = q.shape
     return q.new_empty((b, hq, t, v.shape[-1]), dtype=out_dtype or q.dtype)

@@ -14,32 +14,30 @@ import torch
 
 from mlxgraph.exporter.adapter import AdapterError, DecoderAdapter
 from mlxgraph.exporter.builtins import BUILD_LOCK, BUILTINS, TRAINED_BUILTINS, builtin_model
+from mlxgraph.exporter.errors import ExportError, TraceError
 from mlxgraph.exporter.finite_weights import nonfinite_weights
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
+from mlxgraph.exporter.model_info import DEFAULT_MAX_SEQ_LEN, model_info, resolve_max_seq_len
+from mlxgraph.exporter.model_support import check_model
+from mlxgraph.exporter.trace_scope import ModuleScope
 from mlxgraph.schema.atomic_write import check_replaceable
 from mlxgraph.schema.errors import GraphFormatError
-from mlxgraph.schema.records import ModelInfo
 from mlxgraph.schema.spec import op_spec
+from mlxgraph.schema.tokenizer_files import TokenizerFilesError, read_tokenizer_folder
 from mlxgraph.schema.writer import GraphWriter
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Graph inputs: int32 because MLX indexes and embeds with int32 natively; int64 would
 # buy nothing below 2**31 tokens or positions.
 INPUT_DTYPE = torch.int32
-DEFAULT_MAX_SEQ_LEN = 2048
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 # torch.export and run_decompositions keep process-global state (the dispatch mode stack,
 # the module hierarchy being traced): two at once in two threads corrupt each other, so
 # they take turns. Lowering and writing need no lock (their state is the export's own).
 _TORCH_EXPORT_LOCK = threading.Lock()
 
 
-class ExportError(Exception):
-    """The export cannot start: unknown model, unreadable folder, bad option."""
-
-
-class TraceError(Exception):
-    """torch.export could not trace the adapted model (e.g. data-dependent control flow)."""
+def _no_progress(_message: str) -> None:
+    pass
 
 
 def load_model(model, dtype: str):
@@ -51,16 +49,21 @@ def load_model(model, dtype: str):
             an unknown dtype.
     """
     if dtype not in DTYPES:
-        raise ExportError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+        raise ExportError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}", "dtype")
     if isinstance(model, torch.nn.Module):
         if not hasattr(model, "set_attn_implementation"):
             raise ExportError(
                 f"{type(model).__name__} is not a transformers model (export takes a *ForCausalLM)"
             )
-        return model.eval().to(DTYPES[dtype]), {"source": type(model).__name__, "tokenizer": ""}
+        info = {"source": type(model).__name__, "tokenizer": "", "files": {}}
+        return model.eval().to(DTYPES[dtype]), info
     name = str(model)
     if name in BUILTINS:
-        return builtin_model(name).to(DTYPES[dtype]), {"source": name, "tokenizer": "byte"}
+        return builtin_model(name).to(DTYPES[dtype]), {
+            "source": name,
+            "tokenizer": "byte",
+            "files": {},
+        }
     # A trained built-in is a Hugging Face folder shipped in the package: the same path as any.
     folder = TRAINED_BUILTINS.get(name, Path(name))
     if not (folder / "config.json").is_file():
@@ -81,57 +84,22 @@ def load_model(model, dtype: str):
     # (Weights of the wrong shape already fail the load.)
     missing = sorted(loading.get("missing_keys", ()))
     if missing:
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise ExportError(f"{folder}: the checkpoint lacks {len(missing)} weight(s): "
-                          f"{', '.join(missing[:5])}{more}")
-    has_tokenizer = any((folder / f).is_file() for f in _TOKENIZER_FILES)
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
+        raise ExportError(f"{folder}: the checkpoint lacks {len(missing)} weight(s): {shown}")
+    files = {}
+    if (folder / "tokenizer.json").is_file():
+        try:
+            files = read_tokenizer_folder(folder)
+        except TokenizerFilesError as e:
+            raise ExportError(f"cannot embed the tokenizer: {e}") from None
+    # The folder's name only: the exporting machine's paths stay out of the file.
     return m.eval(), {
-        "source": str(folder.resolve()),
-        "tokenizer": str(folder.resolve()) if has_tokenizer else "",
+        "source": folder.resolve().name,
+        "tokenizer": "embedded" if files else "",
+        "files": files,
     }
-
-
-def _token_ids(value) -> tuple:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
-
-
-def model_info(model, adapter, source: dict, max_seq_len: int, dtype: str) -> ModelInfo:
-    """The graph's metadata from the model's config and the geometry its attention reported.
-
-    Args:
-        model: the ``*ForCausalLM``; adapter: its DecoderAdapter, after a traced forward;
-        source: load_model's source info; max_seq_len, dtype: the export's options.
-    """
-    cfg = model.config
-    gen = getattr(model, "generation_config", None)
-    eos = _token_ids(getattr(cfg, "eos_token_id", None)) or _token_ids(
-        getattr(gen, "eos_token_id", None)
-    )
-    bos = getattr(cfg, "bos_token_id", None)
-    if bos is None and gen is not None:
-        bos = gen.bos_token_id
-    archs = getattr(cfg, "architectures", None) or [type(model).__name__]
-    layers = adapter.layer_infos()
-    extra = {"model_type": cfg.model_type, "dtype": dtype, "source": source["source"],
-             "torch": torch.__version__}
-    if getattr(cfg, "max_position_embeddings", None):
-        extra["max_position_embeddings"] = cfg.max_position_embeddings
-    return ModelInfo(
-        architecture=archs[0],
-        num_layers=int(getattr(cfg, "num_hidden_layers", len(layers))),
-        vocab_size=int(cfg.vocab_size),
-        hidden_size=int(cfg.hidden_size),
-        max_context=int(max_seq_len),
-        eos_token_ids=eos,
-        bos_token_id=-1 if bos is None else int(bos),
-        layers=layers,
-        tokenizer=source["tokenizer"],
-        extra=extra,
-    )
 
 
 def trace(adapter, max_seq_len: int):
@@ -139,20 +107,23 @@ def trace(adapter, max_seq_len: int):
 
     Raises:
         AdapterError: the model's attention asked for something the graph op cannot do.
-        TraceError: torch.export failed (the first lines of its message).
+        TraceError: torch.export failed: the module being traced and the first lines of
+            torch's message.
     """
     # The example has T = 2: torch.export specializes a dimension traced at size 1.
     tokens = torch.zeros((1, 2), dtype=INPUT_DTYPE)
     positions = torch.arange(2, dtype=INPUT_DTYPE)
     seq = torch.export.Dim("T", min=1, max=max_seq_len)
+    scope = ModuleScope(adapter.model, prefix="")
     try:
-        with torch.no_grad():
+        with torch.no_grad(), scope:
             return torch.export.export(adapter, (tokens, positions),
                                        dynamic_shapes={"tokens": {1: seq}, "positions": {0: seq}})
     except AdapterError:
         raise
     except Exception as e:
-        raise TraceError(_first_lines("torch.export failed", e)) from e
+        where = scope.failed_in or "the model"
+        raise TraceError(_first_lines(f"torch.export failed in {where}", e)) from e
 
 
 def _first_lines(what: str, e: Exception, n: int = 6) -> str:
@@ -176,8 +147,14 @@ def decompose(ep):
             raise TraceError(_first_lines("run_decompositions failed", e)) from e
 
 
-def export(model, out_path, dtype: str = "float32", max_seq_len: int | None = None,
-           progress=None, allow_nonfinite: bool = False) -> dict:
+def export(
+    model,
+    out_path,
+    dtype: str = "float32",
+    max_seq_len: int | None = None,
+    progress=None,
+    allow_nonfinite: bool = False,
+) -> dict:
     """Export a decoder to a graph file.
 
     Args:
@@ -188,7 +165,7 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int | None = No
         out_path: the .mlxg file to write.
         dtype: float32, float16 or bfloat16: the graph's compute and weight dtype.
         max_seq_len: the largest step (tokens per call) and the recorded max context;
-            default 2048, or the model's max_position_embeddings when that is smaller.
+            None = min(2048, the model's max_position_embeddings).
         progress: optional ``fn(message)`` called as each long step starts.
         allow_nonfinite: export weights holding NaN or infinity (refused by default).
     Returns:
@@ -202,9 +179,9 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int | None = No
         TraceError: torch.export or run_decompositions failed on the model.
         UnsupportedOpsError: ops without a lowering (all listed, with their sources).
     """
-    progress = progress or (lambda _message: None)
+    progress = progress or _no_progress
     if max_seq_len is not None and int(max_seq_len) < 2:
-        raise ExportError(f"max_seq_len must be at least 2, got {max_seq_len}")
+        raise ExportError(f"max_seq_len must be at least 2, got {max_seq_len}", "max_seq_len")
     out_dir = Path(out_path).resolve().parent
     if not out_dir.is_dir():
         raise ExportError(f"{out_path}: the folder {out_dir} does not exist")
@@ -222,16 +199,8 @@ def export(model, out_path, dtype: str = "float32", max_seq_len: int | None = No
         return result
 
     m, source = step("loading", lambda: load_model(model, dtype))
-    limit = getattr(m.config, "max_position_embeddings", None)
-    if max_seq_len is None:
-        max_seq_len = min(DEFAULT_MAX_SEQ_LEN, int(limit)) if limit else DEFAULT_MAX_SEQ_LEN
-    max_seq_len = int(max_seq_len)
-    if limit and max_seq_len > int(limit):
-        # Past it, learned position tables index out of range and rotary models leave the
-        # context they were trained for: the recorded max context would be a promise the
-        # model cannot keep.
-        raise ExportError(f"{source['source']}: max_seq_len {max_seq_len} exceeds the model's "
-                          f"max_position_embeddings {limit}; export with max_seq_len <= {limit}")
+    check_model(m)
+    max_seq_len = resolve_max_seq_len(m.config, max_seq_len, source["source"])
     previous = m.config._attn_implementation
     previous_experts = (
         m.get_experts_implementation() if hasattr(m, "get_experts_implementation") else None

@@ -4247,8 +4247,22 @@ class UpdateAndAttendNode(object):
             return self._tab.Get(flatbuffers.number_types.Int8Flags, o + self._tab.Pos)
         return None
 
+    # UpdateAndAttendNode
+    def Sinks(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # UpdateAndAttendNode
+    def Softcap(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Float32Flags, o + self._tab.Pos)
+        return None
+
 def UpdateAndAttendNodeStart(builder):
-    builder.StartObject(8)
+    builder.StartObject(10)
 
 def UpdateAndAttendNodeAddQ(builder, q):
     builder.PrependInt32Slot(0, q, None)
@@ -4273,6 +4287,12 @@ def UpdateAndAttendNodeAddScale(builder, scale):
 
 def UpdateAndAttendNodeAddOutDtype(builder, outDtype):
     builder.PrependInt8Slot(7, outDtype, None)
+
+def UpdateAndAttendNodeAddSinks(builder, sinks):
+    builder.PrependInt32Slot(8, sinks, None)
+
+def UpdateAndAttendNodeAddSoftcap(builder, softcap):
+    builder.PrependFloat32Slot(9, softcap, None)
 
 def UpdateAndAttendNodeEnd(builder):
     return builder.EndObject()
@@ -5024,8 +5044,15 @@ class LayerCache(object):
             return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
         return 0
 
+    # LayerCache
+    def AttentionChunk(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
 def LayerCacheStart(builder):
-    builder.StartObject(5)
+    builder.StartObject(6)
 
 def LayerCacheAddLayerId(builder, layerId):
     builder.PrependInt32Slot(0, layerId, None)
@@ -5041,6 +5068,9 @@ def LayerCacheAddVHeadDim(builder, vHeadDim):
 
 def LayerCacheAddSlidingWindow(builder, slidingWindow):
     builder.PrependInt32Slot(4, slidingWindow, 0)
+
+def LayerCacheAddAttentionChunk(builder, attentionChunk):
+    builder.PrependInt32Slot(5, attentionChunk, 0)
 
 def LayerCacheEnd(builder):
     return builder.EndObject()

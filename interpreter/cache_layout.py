@@ -87,9 +87,21 @@ def grown(buf: mx.array | None, shape: tuple[int, int, int, int], dtype: mx.Dtyp
     return mx.concatenate([buf, pad], axis=2)
 
 
-def ordered_mask(
-    first_key: int, n_keys: int, first_query: int, n_queries: int, window: int
-) -> Mask:
+def oldest_visible(query: int, window: int, chunk: int) -> int:
+    """The oldest key position a query at ``query`` may see (window 0 / chunk 0 = no limit).
+
+    Non-decreasing in ``query``: the last query of a step sees the least far back.
+    """
+    oldest = 0
+    if window:
+        oldest = query - window + 1
+    if chunk:
+        oldest = max(oldest, query - query % chunk)
+    return oldest
+
+
+def ordered_mask(first_key: int, n_keys: int, first_query: int, n_queries: int, window: int,
+                 chunk: int = 0) -> Mask:
     """Mask for keys at consecutive positions whose last key is the last query.
 
     Args:
@@ -98,24 +110,26 @@ def ordered_mask(
         first_query: position of query 0; queries are consecutive.
         n_queries: number of queries T.
         window: sliding window (0 = full): query p sees keys j with ``p - window < j <= p``.
+        chunk: chunked attention (0 = none): query p sees keys j with ``j // chunk == p // chunk``.
 
     Returns:
         None when every query may see every key, ``"causal"`` when MLX's lower-right
         aligned causal mask is exact, else a bool ``[T, S]`` array (True = may attend).
     """
     last_query = first_query + n_queries - 1
-    # The oldest key the first / last query may still see.
-    first_sees_all = window == 0 or first_key > first_query - window
-    last_sees_all = window == 0 or first_key > last_query - window
+    # Does the first / last query see every key from first_key on?
+    first_sees_all = first_key >= oldest_visible(first_query, window, chunk)
+    last_sees_all = first_key >= oldest_visible(last_query, window, chunk)
     if n_queries == 1 and first_sees_all:
         return None
     if last_sees_all:
         return "causal"
     keys = first_key + mx.arange(n_keys, dtype=mx.int32)[None, :]
-    return _band(keys, first_query, n_queries, window)
+    return _band(keys, first_query, n_queries, window, chunk)
 
 
-def slot_mask(modulus: int, end: int, first_query: int, n_queries: int, window: int) -> Mask:
+def slot_mask(modulus: int, end: int, first_query: int, n_queries: int, window: int,
+              chunk: int = 0) -> Mask:
     """Mask over a whole ring buffer whose slots hold positions out of order.
 
     Args:
@@ -127,25 +141,30 @@ def slot_mask(modulus: int, end: int, first_query: int, n_queries: int, window: 
         window: sliding window (> 0). Slots whose content is stale (left behind by a
             trim) map to positions before the first query's window, so the band that
             the window draws already hides them.
+        chunk: chunked attention (0 = none), as in :func:`ordered_mask`.
 
     Returns:
         None when the single query may see every slot, else a bool ``[T, S]`` array.
     """
     base = end - modulus
-    if n_queries == 1 and base > first_query - window:
+    if n_queries == 1 and base >= oldest_visible(first_query, window, chunk):
         # Every slot is inside the window; softmax ignores key order.
         return None
     pivot = base % modulus
     slots = mx.arange(modulus, dtype=mx.int32)
     # Slots below the pivot hold the newest positions (they were written after wrapping).
     keys = slots + (base - pivot) + modulus * (slots < pivot).astype(mx.int32)
-    return _band(keys[None, :], first_query, n_queries, window)
+    return _band(keys[None, :], first_query, n_queries, window, chunk)
 
 
-def _band(keys: mx.array, first_query: int, n_queries: int, window: int) -> mx.array:
-    """Bool ``[T, S]``: key position <= query position, and inside the window if any."""
+def _band(keys: mx.array, first_query: int, n_queries: int, window: int,
+          chunk: int = 0) -> mx.array:
+    """Bool ``[T, S]``: key position <= query position, inside the window and the
+    query's chunk if any."""
     queries = first_query + mx.arange(n_queries, dtype=mx.int32)[:, None]
     mask = keys <= queries
     if window:
         mask = mask & (keys > queries - window)
+    if chunk:
+        mask = mask & (keys >= queries - queries % chunk)
     return mask

@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxgraph.interpreter.cache_layout import grown
+from mlxgraph.interpreter.fork_protocol import ForksOnCopy
 
 _DTYPES = {
     "float32": mx.float32,
@@ -35,8 +36,10 @@ _NUMPY = {
 }
 
 
-class StoreState:
+class StoreState(ForksOnCopy):
     """Fork, describe, snapshot and load_snapshot of a KV store (see module docstring)."""
+
+    _PICKLE_ADVICE = "use fork() for a copy, Session.save(path) to keep it"
 
     kind = "store"
 
@@ -74,18 +77,6 @@ class StoreState:
         twin = object.__new__(type(self))
         twin.__dict__.update(self.__dict__)
         return twin
-
-    def __copy__(self):
-        return self.fork()
-
-    def __deepcopy__(self, memo):
-        return self.fork()
-
-    def __reduce_ex__(self, protocol):
-        raise TypeError(
-            f"{type(self).__name__} cannot be pickled (it holds MLX arrays); use fork() for "
-            "a copy, Session.save(path) to keep it"
-        )
 
     def describe(self) -> dict:
         """What the store holds: kind, positions, window, storage and bytes (JSON-ready)."""

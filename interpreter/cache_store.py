@@ -42,13 +42,14 @@ class KVStore(StoreState):
     Attributes:
         length: tokens seen so far == the absolute position the next token must have.
         geometry, policy: what the store was made from.
-        window: attention window the store applies (0 = full history).
+        window, chunk: attention window the store applies (0 = full history), chunk (0 = none).
     """
 
     def __init__(self, geometry: LayerCacheInfo, policy: CachePolicy, slots: int, window: int):
         self.geometry = geometry
         self.policy = policy
         self.window = window
+        self.chunk = geometry.attention_chunk
         self._slots = slots  # slot modulus, and the most slots ever allocated
         self._codec = make_codec(geometry.head_dim, geometry.v_head_dim, policy.kv_dtype,
                                  policy.kv_bits, policy.kv_group_size)
@@ -232,10 +233,10 @@ class KVStore(StoreState):
                 buf_k[:, :, lo : lo + end - first, :],
                 buf_v[:, :, lo : lo + end - first, :],
             )
-            mask = ordered_mask(first, end - first, start, t, w)
+            mask = ordered_mask(first, end - first, start, t, w, self.chunk)
         else:
             keys, values = buf_k, buf_v
-            mask = slot_mask(slots, end, start, t, w)
+            mask = slot_mask(slots, end, start, t, w, self.chunk)
         return keys, values, mask, (buf_k, buf_v, end, oldest, dtype, k.shape[0])
 
     def _stage_linear(self, k: mx.array, v: mx.array, dtype: mx.Dtype):
@@ -249,7 +250,7 @@ class KVStore(StoreState):
             old_k = read_slots(self._keys, first, start - first, slots)
             old_v = read_slots(self._values, first, start - first, slots)
             k, v = mx.concatenate([old_k, k], axis=2), mx.concatenate([old_v, v], axis=2)
-        mask = ordered_mask(first, end - first, start, t, w)
+        mask = ordered_mask(first, end - first, start, t, w, self.chunk)
         # The last `slots` positions become the ring: rotate them so that position p
         # sits in slot p % slots. The concatenation makes fresh contiguous buffers, so
         # the old ring is dropped at commit.

@@ -37,7 +37,8 @@ def make_store(geometry: LayerCacheInfo, policy: CachePolicy) -> KVStore:
     Returns:
         A ``FlatStore`` (``policy.window == 0``) or a ``RingStore``. The store applies the
         model's sliding window if the layer has one, else (ring on a full-attention
-        layer, an explicit approximation) ``policy.window``.
+        layer, an explicit approximation) ``policy.window``. A chunked-attention layer
+        always gets a ring of one chunk (exact, whatever the policy).
 
     Raises:
         CacheError: a non-positive size, an unsupported storage dtype, quantization the
@@ -64,6 +65,13 @@ def make_store(geometry: LayerCacheInfo, policy: CachePolicy) -> KVStore:
         problem = quantization_problem((g.head_dim, g.v_head_dim), p.kv_bits, p.kv_group_size)
         if problem:
             raise CacheError(f"{where}: {problem}")
+    if g.attention_chunk < 0:
+        raise CacheError(f"{where}: attention_chunk must be >= 0 (0 = none), "
+                         f"got {g.attention_chunk}")
+    if g.attention_chunk:
+        # A query sees at most its own chunk: one chunk of history is all the layer needs,
+        # whatever the policy asks of full-attention layers.
+        return RingStore(g, p, slots=g.attention_chunk + p.max_step - 1, window=g.attention_chunk)
     if p.window == 0:
         if p.capacity < 1:
             raise CacheError(f"{where}: a flat cache needs capacity >= 1, got {p.capacity}")

@@ -152,6 +152,19 @@ class Program:
             kv_group_size=kv_group_size,
         )
 
+    @cached_property
+    def tokenizer(self):
+        """The tokenizer the graph carries (byte-level for the built-ins, else the Hugging
+        Face tokenizer embedded at export), loaded on first use.
+
+        Raises:
+            TokenizerError: the graph carries none (export a folder with tokenizer.json, or
+                load one with ``mlxgraph.interpreter.tokenizer.load_tokenizer(meta, folder=DIR)``).
+        """
+        from mlxgraph.interpreter.tokenizer import load_tokenizer
+
+        return load_tokenizer(self.metadata)
+
     def __repr__(self) -> str:
         name = Path(self.path).name if self.path else "<bytes>"
         return f"Program({name}: {len(self.nodes)} nodes, {len(self.layers)} attention layers)"

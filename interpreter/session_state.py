@@ -7,9 +7,16 @@ and ``_exclusive()`` (the session's one-call-at-a-time lock).
 
 from __future__ import annotations
 
+from mlxgraph.interpreter.fork_protocol import ForksOnCopy
 
-class SessionState:
+
+class SessionState(ForksOnCopy):
     """fork / save / load / describe of a Session (see the module docstring)."""
+
+    _PICKLE_ADVICE = (
+        "use session.fork() for an independent copy, session.save(path) and "
+        "program.restore(path) across processes"
+    )
 
     def fork(self):
         """An independent session with the same history (and policy) over the same Program.
@@ -25,19 +32,6 @@ class SessionState:
         twin = type(self)(self.program, **self._options)
         twin.adopt_stores(stores, length)
         return twin
-
-    def __copy__(self):
-        return self.fork()
-
-    def __deepcopy__(self, memo):
-        # The Program is immutable and shared, as fork() shares it.
-        return self.fork()
-
-    def __reduce_ex__(self, protocol):
-        raise TypeError(
-            "a Session cannot be pickled (it holds MLX arrays): use session.fork() for an "
-            "independent copy, session.save(path) and program.restore(path) across processes"
-        )
 
     @property
     def policy(self) -> dict:
@@ -57,9 +51,11 @@ class SessionState:
     @property
     def approximations(self) -> dict:
         """{layer_id: window} of full-attention layers given a window (they see only the
-        last ``window`` tokens: an approximation of the model, like mlx-lm's max_kv_size)."""
+        last ``window`` tokens: an approximation of the model, like mlx-lm's max_kv_size).
+        Chunked-attention layers keep their chunk whatever the window: never approximated."""
         layers = self.program.layers
-        return {lid: w for lid, w in self._windows.items() if w and not layers[lid].sliding_window}
+        return {lid: w for lid, w in self._windows.items()
+                if w and not layers[lid].sliding_window and not layers[lid].attention_chunk}
 
     def describe(self) -> dict:
         """What the session holds, per layer (kind, positions, window, dtype or bits, bytes).

@@ -7,6 +7,7 @@ order in which the writer calls them fixes the file's bytes, so they never reord
 from mlxgraph.generated import mlxgraph_generated as fb
 from mlxgraph.schema.records import NodeRecord
 from mlxgraph.schema.spec import FieldKind, load_schema, op_spec, upper_camel
+from mlxgraph.schema.tokenizer_files import join_extra
 
 _PREPEND_INT = {1: "PrependInt8", 2: "PrependInt16", 4: "PrependInt32", 8: "PrependInt64"}
 
@@ -128,10 +129,12 @@ def metadata(b, m) -> int:
         fb.LayerCacheAddHeadDim(b, lc.head_dim)
         fb.LayerCacheAddVHeadDim(b, lc.v_head_dim)
         fb.LayerCacheAddSlidingWindow(b, lc.sliding_window)
+        fb.LayerCacheAddAttentionChunk(b, lc.attention_chunk)
         layers.append(fb.LayerCacheEnd(b))
     layers_vec = vector(b, "ModelMetadata", "layers", layers)
     extra = []
-    for k, v in sorted(m.extra.items()):
+    # The embedded tokenizer files ride in extra (schema/tokenizer_files.py).
+    for k, v in sorted(join_extra(m.extra, m.tokenizer_files or {}).items()):
         ko, vo = b.CreateString(str(k)), b.CreateString(str(v))
         fb.KeyValueStart(b)
         fb.KeyValueAddKey(b, ko)

@@ -27,6 +27,7 @@ from mlxgraph.schema.records import (
     TensorInfo,
 )
 from mlxgraph.schema.spec import FieldKind, op_specs
+from mlxgraph.schema.tokenizer_files import split_extra
 
 
 def _str(raw) -> str:
@@ -166,17 +167,16 @@ class GraphFile:
             lc = m.Layers(i)
             layers.append(
                 LayerCacheInfo(
-                    lc.LayerId(), lc.KvHeads(), lc.HeadDim(), lc.VHeadDim(), lc.SlidingWindow()
+                    lc.LayerId(), lc.KvHeads(), lc.HeadDim(), lc.VHeadDim(), lc.SlidingWindow(),
+                    lc.AttentionChunk(),
                 )
             )
-        extra = {}
-        for i in range(m.ExtraLength()):
-            kv = m.Extra(i)
-            extra[_str(kv.Key())] = _str(kv.Value())
+        raw = {_str(m.Extra(i).Key()): _str(m.Extra(i).Value()) for i in range(m.ExtraLength())}
+        extra, files = split_extra(raw)
         eos = tuple(int(x) for x in m.EosTokenIdsAsNumpy()) if not m.EosTokenIdsIsNone() else ()
         return ModelInfo(
             _str(m.Architecture()), m.NumLayers(), m.VocabSize(), m.HiddenSize(), m.MaxContext(),
-            eos, m.BosTokenId(), tuple(layers), _str(m.Tokenizer()), extra,
+            eos, m.BosTokenId(), tuple(layers), _str(m.Tokenizer()), extra, files,
         )
 
     @cached_property

@@ -130,13 +130,15 @@ class ConstantInfo:
 
 @dataclass(frozen=True)
 class LayerCacheInfo:
-    """KV-cache geometry of one attention layer (sliding_window 0 = full attention)."""
+    """KV-cache geometry of one attention layer (sliding_window 0 = full attention;
+    attention_chunk C > 0 = chunked local attention, a query sees its own chunk of C)."""
 
     layer_id: int
     kv_heads: int
     head_dim: int
     v_head_dim: int
     sliding_window: int = 0
+    attention_chunk: int = 0
 
 
 @dataclass
@@ -153,3 +155,5 @@ class ModelInfo:
     layers: tuple = ()          # LayerCacheInfo
     tokenizer: str = ""
     extra: dict = field(default_factory=dict)
+    # file name -> text; stored in extra as tokenizer_file:<name> (schema/tokenizer_files.py)
+    tokenizer_files: dict = field(default_factory=dict)

@@ -123,14 +123,12 @@ def _unknown(version):
     def message(what: str, code: int) -> str:
         if version > (FORMAT_MAJOR, FORMAT_MINOR):
             return (
-                f"{what} code {code} unknown to this mlxgraph (format {ours}); the file was "
-                "written by "
-                f"format {theirs}: a newer mlxgraph is needed"
+                f"{what} {code} unknown to this mlxgraph (format {ours}): the file was written "
+                f"by a newer mlxgraph (format {theirs})"
             )
         return (
-            f"{what} code {code} unknown: format {theirs}, which the file claims, has no such code"
+            f"{what} {code} unknown: format {theirs}, which the file claims, has no such {what}"
         )
-
     return message
 
 

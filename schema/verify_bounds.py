@@ -73,7 +73,10 @@ def _at_least_zero(v):
 # op table -> (field, test, what the field must be). Fields a table lacks are skipped,
 # so checks of fields appended later (format 1.1) sit here too.
 ATTRIBUTE_CHECKS = {
-    "UpdateAndAttendNode": (("scale", _positive, "finite and > 0"),),
+    "UpdateAndAttendNode": (
+        ("scale", _positive, "finite and > 0"),
+        ("softcap", _non_negative, "finite and >= 0 (0: no softcapping)"),
+    ),
     "RmsNormNode": (
         ("eps", _non_negative, "finite and >= 0"),
         ("weight_offset", _finite, "finite"),

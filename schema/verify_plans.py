@@ -70,7 +70,7 @@ class StructPlan:
 
 
 def _enum_info(spec):
-    return (CODE_NAMES.get(spec.name, spec.name), frozenset(spec.values.values()))
+    return (f"{CODE_NAMES.get(spec.name, spec.name)} code", frozenset(spec.values.values()))
 
 
 def _default(schema, f):
@@ -115,9 +115,8 @@ def _field_plan(schema, plans, structs, table, f) -> FieldPlan:
     enum = _enum_info(ftype) if ftype is not None and ftype.kind == "enum" else None
     if ftype is not None and ftype.kind == "union":
         members = {code: plans[m] for m, code in ftype.values.items()}
-        return FieldPlan(
-            f.name, vi, UNION, 4, 4, "", (members, CODE_NAMES.get(f.type, f.type)), required, None
-        )
+        what = f"{CODE_NAMES.get(f.type, f.type)} code"
+        return FieldPlan(f.name, vi, UNION, 4, 4, "", (members, what), required, None)
     base = ftype.underlying if enum else f.type
     if f.is_vector:
         if base in _FMT:

@@ -135,7 +135,8 @@ def _layers(layers) -> None:
                 f"layer_id {lc.layer_id} appears twice", field=f"metadata.layers[{i}]"
             )
         seen.add(lc.layer_id)
-        if min(lc.kv_heads, lc.head_dim, lc.v_head_dim) < 1 or lc.sliding_window < 0:
+        sizes = (lc.kv_heads, lc.head_dim, lc.v_head_dim)
+        if min(sizes) < 1 or min(lc.sliding_window, lc.attention_chunk) < 0:
             raise GraphFormatError("cache geometry must be positive", field=f"metadata.layers[{i}]")
 
 

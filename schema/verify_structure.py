@@ -128,8 +128,17 @@ class Walker:
             raise Bad(
                 f"{plan.name} table at byte {pos}: size {tsize} runs past the FlatBuffer part"
             )
-        # Entries past the schema's fields belong to a newer minor version: not read.
-        return tsize, plan.vt_unpack[min(vtsize >> 1, plan.entries)](data, vt)
+        entries = vtsize >> 1
+        if entries > plan.entries:
+            # Entries past the schema's fields belong to a newer minor version. Absent
+            # ones are harmless; a present one is a field this reader cannot honour, and
+            # skipping it could run the graph wrongly (e.g. attention sinks dropped).
+            extra = struct.unpack_from(f"<{entries - plan.entries}H", data, vt + 2 * plan.entries)
+            for i, offset in enumerate(extra):
+                if offset:
+                    raise Bad(self.unknown_code(f"{plan.name} field", plan.entries - 2 + i))
+            entries = plan.entries
+        return tsize, plan.vt_unpack[entries](data, vt)
 
     def scalars(self, pos: int, plan: TablePlan) -> dict:
         """The scalar fields of the table at ``pos`` (absent ones as their default), no recursion.

@@ -29,7 +29,8 @@ class History:
 
 
 def dense_attention(
-    q: np.ndarray, keys: np.ndarray, values: np.ndarray, window: int, scale: float
+    q: np.ndarray, keys: np.ndarray, values: np.ndarray, window: int, scale: float,
+    chunk: int = 0, sinks: np.ndarray | None = None, softcap: float = 0.0,
 ) -> np.ndarray:
     """Attention of the last ``T`` positions over the whole history, in float64.
 
@@ -39,6 +40,9 @@ def dense_attention(
         values: ``[B, Hkv, S, Dv]``.
         window: 0 = causal over everything; else query p sees keys j with p-window < j <= p.
         scale: score multiplier.
+        chunk: 0 = none; else query p sees only keys j with j // chunk == p // chunk.
+        sinks: None or ``[Hq]`` sink logits (an extra softmax column per head, dropped).
+        softcap: 0 = none; else scores = tanh(scores / softcap) * softcap before the mask.
 
     Returns:
         ``[B, Hq, T, Dv]`` float64.
@@ -48,14 +52,22 @@ def dense_attention(
     group = hq // hkv
     qg = q.astype(np.float64).reshape(b, hkv, group, t, d)
     scores = np.einsum("bhgtd,bhsd->bhgts", qg, keys) * scale
+    if softcap:
+        scores = np.tanh(scores / softcap) * softcap
     qpos = np.arange(s - t, s)[:, None]
     kpos = np.arange(s)[None, :]
     allowed = kpos <= qpos
     if window:
         allowed &= kpos > qpos - window
+    if chunk:
+        allowed &= kpos // chunk == qpos // chunk
     scores = np.where(allowed, scores, -np.inf)
+    if sinks is not None:
+        column = sinks.astype(np.float64).reshape(1, hkv, group, 1, 1)
+        column = np.broadcast_to(column, (b, hkv, group, t, 1))
+        scores = np.concatenate([scores, column], axis=-1)
     scores -= scores.max(axis=-1, keepdims=True)
     weights = np.exp(scores)
     weights /= weights.sum(axis=-1, keepdims=True)
-    out = np.einsum("bhgts,bhsv->bhgtv", weights, values)
+    out = np.einsum("bhgts,bhsv->bhgtv", weights[..., :s], values)
     return out.reshape(b, hq, t, values.shape[-1])

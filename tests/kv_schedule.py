@@ -1,5 +1,4 @@
-"""The random-schedule machinery of test_kv_cache: layers driven against a dense float64
-oracle (see test_kv_cache for what a schedule does and the tolerance)."""
+"""test_kv_cache's random schedules: layers driven against a dense float64 oracle."""
 
 from __future__ import annotations
 
@@ -22,13 +21,18 @@ TOTALS = {"schedules": 0, "steps": 0, "attentions": 0, "rejected": 0, "forks": 0
 class Layer:
     """A store plus the oracle's view of it (history and the documented rewind contract)."""
 
-    def __init__(self, geometry: LayerCacheInfo, policy: CachePolicy, batch: int, group: int):
+    def __init__(self, geometry: LayerCacheInfo, policy: CachePolicy, batch: int, group: int,
+                 sinks=None, softcap: float = 0.0):
         self.g, self.p, self.group = geometry, policy, group
+        self.sinks, self.softcap = sinks, softcap
         self.store = make_store(geometry, policy)
         self.hist = History(geometry.kv_heads, geometry.head_dim, geometry.v_head_dim, batch)
-        self.ring = policy.window > 0
-        self.window = geometry.sliding_window or policy.window
-        self.slots = policy.window + policy.max_step - 1 if self.ring else policy.capacity
+        chunk = geometry.attention_chunk
+        # A chunked layer is a ring of one chunk whatever the policy says.
+        self.ring = policy.window > 0 or chunk > 0
+        self.window = chunk or geometry.sliding_window or policy.window
+        slots = (chunk or policy.window) + policy.max_step - 1
+        self.slots = slots if self.ring else policy.capacity
         self.oldest = 0  # contract: a store keeps at least the last `slots` positions written
 
     def fits(self, t: int) -> bool:
@@ -66,12 +70,23 @@ def rounded(x: np.ndarray, policy: CachePolicy) -> np.ndarray:
 def random_layer(
     rng, kind: str, layer_id: int, batch: int, kv_dtype, scale: int = 1, bits: int = 0
 ) -> Layer:
-    """A random geometry (GQA 1/2/4/8, Dv != D sometimes) and a policy of the given kind."""
+    """A random geometry (GQA 1/2/4/8, Dv != D sometimes) and a policy of the given kind;
+    a third get sinks, a third softcapping (own generator: the schedule's stream is unchanged)."""
     hkv = int(rng.choice([1, 2, 4]))
     group = int(rng.choice([1, 2, 4, 8]))
     d = int(rng.choice([32, 64] if bits else [8, 16]))
     dv = int(rng.choice([d, 32, 96] if bits else [d, 8, 24]))
     quant = {"kv_bits": bits, "kv_group_size": 32} if bits else {}
+    aux = np.random.default_rng((layer_id, hkv, group, d, dv, len(kind)))
+    sinks = 2 * aux.standard_normal(hkv * group, np.float32) if aux.random() < 1 / 3 else None
+    softcap = float(aux.choice([0.7, 1.5, 4.0])) if aux.random() < 1 / 3 else 0.0
+    extras = (batch, group, sinks, softcap)
+    if kind == "chunk":
+        chunk = int(rng.choice([2, 3, 5, 8] + ([32] if scale > 1 else [])))
+        policy = CachePolicy(capacity=int(rng.integers(24, 120 * scale)), kv_dtype=kv_dtype,
+                             window=int(rng.choice([0, 4])), max_step=int(rng.choice([1, 2, 4])),
+                             **quant)
+        return Layer(LayerCacheInfo(layer_id, hkv, d, dv, 0, chunk), policy, *extras)
     if kind == "ring":
         window = int(rng.choice([2, 3, 5, 8, 16] + ([33, 64] if scale > 1 else [])))
         model = int(rng.choice([window, max(1, window - 2), 0]))  # 0: ring on a full layer
@@ -81,7 +96,7 @@ def random_layer(
         model = int(rng.choice([0, 0, 6, 17]))
         policy = CachePolicy(capacity=int(rng.integers(24, 120 * scale)), kv_dtype=kv_dtype,
                              preallocate=kind == "static", **quant)
-    return Layer(LayerCacheInfo(layer_id, hkv, d, dv, model), policy, batch, group)
+    return Layer(LayerCacheInfo(layer_id, hkv, d, dv, model), policy, *extras)
 
 
 def run_step(rng, layers: list[Layer], t: int, rollback: bool) -> list | None:
@@ -109,7 +124,9 @@ def run_step(rng, layers: list[Layer], t: int, rollback: bool) -> list | None:
         v = rng.standard_normal((batch, g.kv_heads, t, g.v_head_dim)).astype(np.float32)
         scale = g.head_dim**-0.5
         keys, values, mask = la.store.update(mx.array(k), mx.array(v))
-        out = attend(mx.array(q), keys, values, mask, scale, mx.float32)
+        sinks = None if la.sinks is None else mx.array(la.sinks)
+        out = attend(mx.array(q), keys, values, mask, scale, mx.float32, sinks=sinks,
+                     softcap=la.softcap)
         pending.append((la, q, k, v, scale, out))
     if rollback:
         if rng.random() < 0.5:  # evaluating before rollback must not damage the old state
@@ -124,7 +141,9 @@ def run_step(rng, layers: list[Layer], t: int, rollback: bool) -> list | None:
     for la, q, k, v, scale, out in pending:
         la.hist.append(rounded(k, la.p), rounded(v, la.p))
         la.oldest = max(la.oldest, la.hist.length - la.slots)
-        ref = dense_attention(q, la.hist.keys, la.hist.values, la.window, scale)
+        chunk = la.g.attention_chunk  # the chunk bounds what a query sees; no window besides
+        ref = dense_attention(q, la.hist.keys, la.hist.values, 0 if chunk else la.window, scale,
+                              chunk, la.sinks, la.softcap)
         np.testing.assert_allclose(np.array(out), ref, atol=ATOL, rtol=RTOL)
         assert la.store.length == la.hist.length
         TOTALS["attentions"] += 1
@@ -275,4 +294,7 @@ FAMILIES = {
     "mix-bf16-storage": (["dynamic", "ring"], mx.bfloat16),
     "mix-q8": (["static", "dynamic", "ring"], 8),
     "mix-q4": (["dynamic", "ring"], 4),
+    "chunk": (["chunk"], None),
+    "mix-chunk": (["static", "ring", "chunk", "chunk"], None),
+    "mix-chunk-q8": (["dynamic", "chunk"], 8),
 }

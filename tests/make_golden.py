@@ -26,7 +26,8 @@ def build_sample(seed: int = 0, vocab: int = VOCAB) -> GraphWriter:
     """A small decoder-like graph (a few KB) exercising every kind of field.
 
     Tensor and value slots, Operands of each kind, vector fields, enums, a tied constant,
-    UpdateAndAttendNode with and without out_dtype, metadata with a layer cache.
+    UpdateAndAttendNode with and without out_dtype, metadata with a layer cache; from
+    format 1.1 on, attention sinks, logit softcapping and a chunked-attention layer.
     """
     rng = np.random.default_rng(seed)
     w = GraphWriter(producer="mlxgraph-golden")
@@ -43,6 +44,7 @@ def build_sample(seed: int = 0, vocab: int = VOCAB) -> GraphWriter:
     wk = w.add_constant("k.weight", rng.standard_normal((KV_HEADS * D, HIDDEN)).astype(np.float32))
     wv = w.add_constant("v.weight", rng.standard_normal((KV_HEADS * D, HIDDEN)).astype(np.float32))
     lm_head = w.add_constant("lm_head.weight", w.constants[0][1].copy())  # tied: stored once
+    sinks = w.add_constant("attn2.sinks", rng.standard_normal(HEADS).astype(np.float32))
 
     def t(name, shape, dtype="float32"):
         return w.add_tensor(name, dtype, shape)
@@ -101,7 +103,7 @@ def build_sample(seed: int = 0, vocab: int = VOCAB) -> GraphWriter:
     )
     att2 = t("attn2", (1, HEADS, "T", D), "float16")
     w.add_node("UpdateAndAttend", q=heads["q"], k=heads["k"], v=heads["v"], position=pos, out=att2,
-               layer_id=1, scale=0.5, out_dtype=1)
+               layer_id=1, scale=0.5, out_dtype=1, sinks=sinks, softcap=30.0)
     back = t("attn_t", (1, "T", HEADS, D))
     w.add_node("Permute", x=att, out=back, perm=[0, 2, 1, 3])
     flat = t("attn_flat", (1, "T", HEADS * D))
@@ -137,6 +139,7 @@ def build_sample(seed: int = 0, vocab: int = VOCAB) -> GraphWriter:
     w.add_node("Linear", p("lm_head", "lm_head"), x=gated, weight=lm_head, out=logits)
     w.add_output("logits", logits)
     w.add_output("total", total)
+    w.add_output("attn2", att2)   # 1.1: sinks and softcapping reach an output
     w.metadata.architecture = "GoldenSample"
     w.metadata.num_layers = 2
     w.metadata.vocab_size = vocab
@@ -144,7 +147,8 @@ def build_sample(seed: int = 0, vocab: int = VOCAB) -> GraphWriter:
     w.metadata.max_context = 64
     w.metadata.eos_token_ids = (2, 3)
     w.metadata.bos_token_id = 1
-    w.metadata.layers = (LayerCacheInfo(0, KV_HEADS, D, D, 0), LayerCacheInfo(1, KV_HEADS, D, D, 8))
+    w.metadata.layers = (LayerCacheInfo(0, KV_HEADS, D, D, 0, attention_chunk=4),
+                         LayerCacheInfo(1, KV_HEADS, D, D, 8))
     w.metadata.tokenizer = "byte"
     w.metadata.extra = {"license": "test", "seed": str(seed)}
     return w
@@ -211,6 +215,25 @@ def _json_lines(doc: dict) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
+# The step every golden file is run on (6 tokens: layer 0's chunk of 4 is crossed).
+GOLDEN_TOKENS = [1, 2, 3, 4, 5, 6]
+
+
+def record_outputs(mlxg: Path) -> Path:
+    """Run ``mlxg`` on GOLDEN_TOKENS and write its outputs next to it (format-X.Y.outputs.json):
+    what every later mlxgraph must compute from that file."""
+    import mlxgraph
+
+    session = mlxgraph.load(mlxg).session(capacity=16)
+    out = session.step(np.array([GOLDEN_TOKENS]), range(len(GOLDEN_TOKENS)))
+    outs = out if isinstance(out, dict) else {"logits": out}
+    values = {k: np.array(v).astype(np.float64).tolist() for k, v in outs.items()}
+    doc = {"tokens": GOLDEN_TOKENS, "outputs": values}
+    path = mlxg.with_name(mlxg.name[:-len(".mlxg")] + ".outputs.json")
+    path.write_text(json.dumps(doc) + "\n")
+    return path
+
+
 def main(argv) -> int:
     """Write tests/golden/format-<version>.{mlxg,json}; refuses to overwrite without --force."""
     mlxg = GOLDEN / f"format-{format_version()}.mlxg"
@@ -225,7 +248,8 @@ def main(argv) -> int:
     w = build_sample()
     info = w.write(mlxg)
     record.write_text(_json_lines(expected_records(w)))
-    print(f"wrote {mlxg} ({info['bytes']} bytes) and {record}")
+    outputs = record_outputs(mlxg)
+    print(f"wrote {mlxg} ({info['bytes']} bytes), {record} and {outputs}")
     return 0
 
 

@@ -123,7 +123,7 @@ def test_cli_summary_and_reduced_precision(tmp_path, capsys, tiny_hf_folder):
     (["export", "tiny-llama", "-o", "{tmp}/missing/x.mlxg"], 2, "does not exist"),
     (["export", "tiny-llama", "-o", "{tmp}/x.mlxg", "--max-seq-len", "1"], 2, "at least 2"),
     (["export", "tiny-llama", "-o", "{tmp}/x.mlxg", "--max-seq-len", "4097"], 2,
-     "max_seq_len 4097 exceeds the model's max_position_embeddings 4096"),
+     "--max-seq-len 4097 exceeds the model's max_position_embeddings 4096"),
     (["export", "tiny-llama", "-o", "{tmp}"], 2, "is a folder"),
 ])
 def test_cli_errors_are_one_clear_message(tmp_path, capsys, argv, code, needle):

@@ -14,26 +14,19 @@ import textwrap
 import mlx.core as mx
 import numpy as np
 import pytest
-from synthetic_graphs import llama
+from tool_helpers import generate_cli as _cli
+from tool_helpers import synthetic_graph as _graph
 
 import mlxgraph
+from mlxgraph.schema.format import format_version
 from mlxgraph.tools.generation import GenerationStats, generate
 from mlxgraph.tools.sampling import Sampler
-from mlxgraph.tools.tokenizer import HFTokenizer
 
 PY = sys.executable
 PROMPT = [1, 7, 42, 99, 5, 200]
 
 
 # ---------------------------------------------------------------------------- the loop
-def _graph(path, eos=(255,), tokenizer="byte", vocab=256):
-    spec = llama(vocab=vocab, hidden=64, intermediate=128, seed=0, tied=False, max_context=256)
-    spec.metadata.eos_token_ids = tuple(eos)
-    spec.metadata.tokenizer = str(tokenizer)
-    spec.write(path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
     return _graph(tmp_path_factory.mktemp("gen") / "syn.mlxg")
@@ -44,7 +37,7 @@ def _naive_greedy(program, prompt, n):
     for _ in range(n):
         logits = program.session().step(mx.array([seq], dtype=mx.int32), range(len(seq)))
         seq.append(int(np.array(logits[0, -1]).argmax()))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 @pytest.fixture(scope="module")
@@ -89,13 +82,31 @@ def test_loop_sampling_reproducible(oracle):
     assert runs[0] == runs[1]
 
 
+def _penalised(logits, context, penalty):
+    out = logits.copy()
+    for t in set(context):
+        out[t] = out[t] * penalty if out[t] < 0 else out[t] / penalty
+    return out
+
+
+def test_repetition_penalty_matches_the_host_rule(oracle):
+    program, _ = oracle
+    # Greedy with a penalty < 1 (it rewards repeats, so it surely changes the argmax),
+    # against a naive host loop applying the rule to the last 20.
+    seq, want = list(PROMPT), []
+    for _ in range(10):
+        logits = np.array(
+            program.session().step(mx.array([seq], dtype=mx.int32), range(len(seq)))[0, -1]
+        )
+        token = int(_penalised(logits, seq[-20:], 0.2).argmax())
+        want.append(token)
+        seq.append(token)
+    got = list(generate(program.session(), PROMPT, Sampler(repetition_penalty=0.2), 10))
+    assert got == want
+    assert got != list(generate(program.session(), PROMPT, Sampler(), 10))  # the penalty mattered
+
+
 # ---------------------------------------------------------------------------- the command
-def _cli(*args, env=None):
-    env = {**os.environ, **(env or {})}
-    return subprocess.run([PY, "-m", "mlxgraph.tools", "generate", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=120)
-
-
 def test_cli_json_stops_at_eos(tmp_path, oracle):
     _, want = oracle
     eos = want[6]
@@ -103,7 +114,7 @@ def test_cli_json_stops_at_eos(tmp_path, oracle):
     proc = _cli(graph, "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens", 12, "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert doc["format_version"] == "1.0" and doc["prompt_ids"] == PROMPT
+    assert doc["format_version"] == format_version() and doc["prompt_ids"] == PROMPT
     assert doc["token_ids"] == want[:want.index(eos) + 1] and doc["stop_reason"] == "eos"
     assert len(doc["token_ids"]) < 12
     stats = doc["stats"]
@@ -157,29 +168,22 @@ def test_cli_streams_text_and_stats(synthetic, oracle):
         "stopped: max tokens",
     ):
         assert key in proc.stderr
-    again = _cli(synthetic, "--prompt", "Hi", "--max-tokens", 5, "--temperature", 0.8, "--seed", 1)
+    again = _cli(synthetic, "--prompt", "Hi", "--max-tokens", 5, "--temp", 0.8, "--seed", 1)
     assert again.stdout == proc.stdout
 
 
-def test_cli_prompt_with_model_tokenizer(tmp_path, hf_folder):
-    graph = _graph(tmp_path / "hf.mlxg", tokenizer=hf_folder, vocab=300)
-    proc = _cli(graph, "--prompt", "once upon a time", "--max-tokens", 4, "--json")
-    assert proc.returncode == 0, proc.stderr
-    doc = json.loads(proc.stdout)
-    tok = HFTokenizer(hf_folder, bos=0)
-    assert doc["prompt_ids"] == tok.encode("once upon a time")
-    assert doc["text"] == tok.decode(doc["token_ids"])
-
-
-@pytest.mark.parametrize("args, message", [
-    (["missing.mlxg", "--prompt-ids", "1"], "no such file"),
-    (["{g}", "--prompt-ids", "1,x"], "'x' is not an integer"),
-    (["{g}", "--prompt-ids", "1,999"], "outside the vocabulary"),
-    (["{g}", "--prompt-ids", "1,2,3,4", "--capacity", "3"], "more than the KV capacity"),
-    (["{g}", "--prompt-ids", "1", "--max-tokens", "0"], "--max-tokens"),
-    (["{g}", "--prompt-ids", "1", "--top-p", "0"], "top-p"),
-    (["{bad}", "--prompt-ids", "1"], "bad.mlxg"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["missing.mlxg", "--prompt-ids", "1"], "no such file"),
+        (["{g}", "--prompt-ids", "1,x"], "'x' is not an integer"),
+        (["{g}", "--prompt-ids", "1,999"], "outside the vocabulary"),
+        (["{g}", "--prompt-ids", "1,2,3,4", "--capacity", "3"], "more than the KV capacity"),
+        (["{g}", "--prompt-ids", "1", "--max-tokens", "0"], "--max-tokens"),
+        (["{g}", "--prompt-ids", "1", "--top-p", "0"], "top-p"),
+        (["{bad}", "--prompt-ids", "1"], "bad.mlxg"),
+    ],
+)
 def test_cli_bad_input_exits_2(tmp_path, synthetic, args, message):
     bad = tmp_path / "bad.mlxg"
     bad.write_bytes(b"not a graph file at all" * 4)

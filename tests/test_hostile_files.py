@@ -54,6 +54,16 @@ from mlxgraph.schema.errors import GraphFormatError
         ),
         ("scale 0", lambda: hg.attribute("UpdateAndAttend", scale=0.0), "is not finite and > 0"),
         (
+            "softcap NaN",
+            lambda: hg.attribute("UpdateAndAttend", scale=0.5, softcap=float("nan")),
+            "softcap: nan is not finite and >= 0",
+        ),
+        (
+            "softcap negative",
+            lambda: hg.attribute("UpdateAndAttend", scale=0.5, softcap=-30.0),
+            "softcap: -30.0 is not finite and >= 0",
+        ),
+        (
             "eps negative",
             lambda: hg.attribute("RmsNorm", eps=-1e-6),
             "RmsNorm.eps: -9.99.* is not finite and >= 0",

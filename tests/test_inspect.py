@@ -10,6 +10,7 @@ import pytest
 import synthetic_graphs as synthetic
 from tool_helpers import run_cli
 
+from mlxgraph.schema.format import format_version
 from mlxgraph.schema.writer import GraphWriter
 
 
@@ -27,7 +28,9 @@ def test_summary_text(capsys, graphs):
     spec, a, _ = graphs
     code, out, err = run_cli(capsys, "inspect", a)
     assert code == 0 and err == ""
-    assert re.search(r"^format\s+1\.0\s+producer mlxgraph-synthetic", out, re.M)
+    assert re.search(
+        rf"^format\s+{re.escape(format_version())}\s+producer mlxgraph-synthetic", out, re.M
+    )
     assert re.search(
         r"^model\s+llama\s+layers 2\s+hidden 32\s+vocab 64\s+max context 256\s+eos \[63\]",
         out,
@@ -48,7 +51,7 @@ def test_json_summary(capsys, graphs):
     code, out, _ = run_cli(capsys, "inspect", a, "--json")
     assert code == 0
     doc = json.loads(out)
-    assert doc["format_version"] == "1.0" and doc["json_version"] == 1
+    assert doc["format_version"] == format_version() and doc["json_version"] == 1
     consts = [t for t in spec.tensors if t[0] == "const"]
     arrays = {name: arr for _, name, arr, _ in consts}
     assert doc["counts"] == {
@@ -65,7 +68,8 @@ def test_json_summary(capsys, graphs):
     assert doc["constant_bytes"]["by_dtype"] == {"float32": {"count": len(consts), "bytes": total}}
     assert doc["constant_bytes"]["duplicates"] == []
     assert doc["metadata"]["cache"] == [
-        {"layers": [0, 1], "kv_heads": 2, "head_dim": 8, "v_head_dim": 8, "sliding_window": 0}
+        {"layers": [0, 1], "kv_heads": 2, "head_dim": 8, "v_head_dim": 8, "sliding_window": 0,
+         "attention_chunk": 0}
     ]
     assert doc["inputs"][0] == {
         "name": "tokens",

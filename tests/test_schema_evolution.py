@@ -6,6 +6,8 @@ notice a removed enum value or union member, so the schema model (schema/spec.py
 those, and each field's slot role, too.
 """
 
+import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -66,9 +68,31 @@ def incompatibilities(old, new) -> list:
     return problems
 
 
+# sha256 of every released schema. A history file never changes once its version is
+# released: a new field goes into the next version's file. (The one exception is the
+# version being made in this very session, whose pin moves with it until it ships.)
+HISTORY_SHA256 = {
+    "1.0.fbs": "bd0fe713d688b8df84af7ac9e78ee3aa2d215c08d4557a824b12923dbcab7de0",
+    "1.1.fbs": "fdf05de66de3a693d3f93b5db13b34543cefb56a531a6c6320518e8ee8bbc636",
+}
+
+
 def test_history_holds_the_current_format_version():
     names = [p.stem for p in HISTORY]
     assert "1.0" in names and format_version() in names, names
+
+
+def test_history_files_are_pinned_and_unchanged():
+    got = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in HISTORY}
+    assert got == HISTORY_SHA256, "a released schema/history file changed, or one is not pinned"
+
+
+def test_newest_history_file_is_the_schema():
+    newest = max(HISTORY, key=lambda p: tuple(int(x) for x in p.stem.split(".")))
+    assert newest.stem == format_version()
+    assert newest.read_text() == SCHEMA.read_text(), (
+        f"schema/mlxgraph.fbs differs from {newest.name}: copy it there (a change in the version "
+        "being made) or start the next version")
 
 
 @pytest.mark.parametrize("released", HISTORY, ids=[p.name for p in HISTORY])
@@ -153,15 +177,20 @@ def test_golden_file_opens_verifies_and_decodes(golden):
         assert n.op == w["op"], i
         for name, value in w["fields"].items():
             assert _same(value, n.fields[name]), (i, name, value, n.fields[name])
-        if n.op == "UpdateAndAttendNode" and "out_dtype" not in w["fields"]:
-            assert n.fields["out_dtype"] is None, i  # null: q's dtype
+        if n.op == "UpdateAndAttendNode":
+            # Absent: q's dtype, no sinks (1.1), no softcapping (1.1).
+            for name, default in (("out_dtype", None), ("sinks", None), ("softcap", None)):
+                if name not in w["fields"]:
+                    assert n.fields[name] == default, (i, name)
         assert [n.provenance.source, n.provenance.module_path, n.provenance.target] == w[
             "provenance"
         ]
     m, wm = g.metadata, want["metadata"]
-    assert [
-        [lc.layer_id, lc.kv_heads, lc.head_dim, lc.v_head_dim, lc.sliding_window] for lc in m.layers
-    ] == wm["layers"]
+    assert len(m.layers) == len(wm["layers"])
+    for lc, recorded in zip(m.layers, wm["layers"], strict=True):
+        # Fields appended after the golden's version read as their defaults.
+        defaults = [f.default for f in dataclasses.fields(lc)][len(recorded) :]
+        assert list(dataclasses.astuple(lc)) == recorded + defaults
     assert (
         m.architecture,
         m.num_layers,
@@ -190,9 +219,49 @@ def test_golden_file_loads_and_runs(golden):
     import mlxgraph
 
     program = mlxgraph.load(golden)
-    out = program.session(capacity=16).step(np.array([[1, 2, 3]]), [0, 1, 2])
-    logits = np.array(out["logits"] if isinstance(out, dict) else out)
-    assert (
-        logits.shape == (1, 3, _record(golden)["metadata"]["vocab_size"])
-        and np.isfinite(logits).all()
-    )
+    want = json.loads(golden.with_name(golden.name[:-len(".mlxg")] + ".outputs.json").read_text())
+    tokens = want["tokens"]
+    out = program.session(capacity=16).step(np.array([tokens]), range(len(tokens)))
+    outs = out if isinstance(out, dict) else {"logits": out}
+    assert set(outs) == set(want["outputs"])
+    vocab = _record(golden)["metadata"]["vocab_size"]
+    assert np.array(outs["logits"]).shape == (1, len(tokens), vocab)
+    for name, expected in want["outputs"].items():
+        # The same numbers the file gave when its version was released.
+        got = np.array(outs[name])
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+_OLD_READER = """
+import sys
+from pathlib import Path
+
+import mlxgraph.schema.format as fmt
+import mlxgraph.schema.spec as spec
+
+history, golden = Path(sys.argv[1]), Path(sys.argv[2])
+# This reader as the previous release was: its schema model and its format version.
+fmt.FORMAT_MAJOR, fmt.FORMAT_MINOR = (int(x) for x in history.stem.split("."))
+spec.SCHEMA_PATH = history
+from mlxgraph.schema.errors import GraphFormatError
+from mlxgraph.schema.verifier import verify_buffer
+
+try:
+    verify_buffer(golden.read_bytes(), path=golden)
+except GraphFormatError as e:
+    print(e)
+else:
+    print("ACCEPTED")
+"""
+
+
+def test_a_reader_of_the_previous_format_refuses_a_newer_file_by_name():
+    """The reader, given the previous release's schema, meets the current golden file: it
+    must say the file comes from a newer mlxgraph, not skip fields it cannot honour."""
+    previous = sorted(HISTORY, key=lambda p: tuple(int(x) for x in p.stem.split(".")))[-2]
+    golden = ROOT / "tests" / "golden" / f"format-{format_version()}.mlxg"
+    r = subprocess.run([sys.executable, "-c", _OLD_READER, str(previous), str(golden)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"written by a newer mlxgraph (format {format_version()})" in r.stdout, r.stdout
+    assert f"this mlxgraph (format {previous.stem})" in r.stdout, r.stdout

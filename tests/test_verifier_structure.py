@@ -6,6 +6,7 @@ import time
 
 import flatbuffers
 import numpy as np
+import pytest
 from verifier_helpers import base, fault, field_pos, patched, root, written
 
 from mlxgraph.generated import mlxgraph_generated as fb
@@ -14,7 +15,7 @@ from mlxgraph.schema.records import LayerCacheInfo, Operand, Provenance
 from mlxgraph.schema.spec import op_codes
 from mlxgraph.schema.verifier import verify_buffer
 from mlxgraph.schema.verify_plans import table_plans
-from mlxgraph.schema.verify_structure import Walker
+from mlxgraph.schema.verify_structure import Bad, Walker
 from mlxgraph.schema.writer import GraphWriter
 
 
@@ -119,18 +120,32 @@ def test_shared_subobjects_do_not_blow_up(tmp_path):
     assert time.perf_counter() - t0 < 1.0 and "more objects" in e.reason
 
 
-def test_newer_minor_table_with_extra_fields_reads():
-    """A vtable longer than this schema knows (fields appended later) is fine."""
+def _key_value_with_a_third_field(present: bool) -> bytes:
     b = flatbuffers.Builder(64)
     key = b.CreateString("k")
-    b.StartObject(3)                   # KeyValue has 2 fields; a newer one has 3
+    b.StartObject(4)                   # KeyValue has 2 fields; a newer one has 4
     b.PrependUOffsetTRelativeSlot(0, key, 0)
-    b.PrependInt32Slot(2, 7, 0)
+    if present:
+        b.PrependInt32Slot(2, 7, 0)
+    b.PrependInt32Slot(3, 0, 0)        # equal to its default: not written
     b.Finish(b.EndObject())
-    data = bytes(b.Output())
+    return bytes(b.Output())
+
+
+def test_newer_minor_table_with_absent_extra_fields_reads():
+    """A vtable longer than this schema knows, whose extra fields are absent, is fine."""
+    data = _key_value_with_a_third_field(present=False)
     walker = Walker(data, len(data), None)
     kv = walker.table(walker.root(), table_plans()["KeyValue"])
     assert kv.key == b"k" and kv.value is None
+
+
+def test_a_present_field_this_reader_does_not_know_is_refused():
+    """Skipping a field set by a newer writer could run the graph wrongly: refuse it."""
+    data = _key_value_with_a_third_field(present=True)
+    walker = Walker(data, len(data), lambda what, code: f"{what} {code} unknown")
+    with pytest.raises(Bad, match="KeyValue field 2 unknown"):
+        walker.table(walker.root(), table_plans()["KeyValue"])
 
 
 # ---------------------------------------------------------------- speed

@@ -27,3 +27,31 @@ def exported_tiny_llama(tmp_path_factory) -> dict:
             export("tiny-llama", str(path), dtype=dtype)
             _EXPORTS[dtype] = path
     return dict(_EXPORTS)
+
+
+def synthetic_graph(path, eos=(255,), tokenizer="byte", vocab=256, files=None):
+    """A small synthetic Llama graph (seeded random weights) with the given metadata."""
+    from synthetic_graphs import llama
+
+    spec = llama(vocab=vocab, hidden=64, intermediate=128, seed=0, tied=False, max_context=256)
+    spec.metadata.eos_token_ids = tuple(eos)
+    spec.metadata.tokenizer = str(tokenizer)
+    spec.metadata.tokenizer_files = dict(files or {})
+    spec.write(path)
+    return path
+
+
+def generate_cli(*args, env=None):
+    """`python -m mlxgraph.tools generate ARGS` in a fresh process (the BLAS preload needs one)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "mlxgraph.tools", "generate", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )

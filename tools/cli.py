@@ -1,8 +1,9 @@
 """The `mlxgraph` command: one subcommand per module in mlxgraph.tools.
 
 Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
-Exit codes: 0 success (or "same"/"valid"), 1 a negative answer (invalid, different),
-2 bad usage or an unreadable file.
+Exit codes (EXIT_CODES, the one table the README and docs repeat): 0 success (or
+"same"/"valid"), 1 a negative answer (invalid, different, diverged, cannot be exported),
+2 bad usage or bad input, 3 the graph failed while running, 130 interrupted (Ctrl-C).
 """
 
 import argparse
@@ -15,6 +16,16 @@ from mlxgraph.tools.output import escaped_output, fail
 # (a name is data, never a terminal command). `generate` prints model text as it is.
 ESCAPED = ("inspect", "diff", "compare", "verify")
 
+# exit code -> meaning, for every command.
+EXIT_CODES = {
+    0: "success: done, valid, same, no divergence",
+    1: "a negative answer: verify found the file invalid, diff found a difference, compare a "
+       "divergence, export a model it cannot export",
+    2: "bad usage or bad input: an unknown option, a missing or unreadable file, bad token ids",
+    3: "the graph failed while running (generate, chat, compare)",
+    130: "interrupted (Ctrl-C)",
+}
+
 # subcommand -> (module, one-line help)
 COMMANDS = {
     "export": (
@@ -22,6 +33,7 @@ COMMANDS = {
         "export a Hugging Face model folder or built-in model to a graph file",
     ),
     "generate": ("generate_cmd", "generate text with a graph file"),
+    "chat": ("chat_cmd", "chat with a graph file (its chat template), one session across turns"),
     "inspect": ("inspect_cmd", "summarise a graph file: metadata, ops, nodes, constants"),
     "verify": ("verify_cmd", "check a graph file (exit 0 valid, 1 invalid)"),
     "diff": ("diff_cmd", "aligned node-stream diff of two graph files (exit 0 same, 1 different)"),
@@ -34,6 +46,16 @@ def _load(name: str):
     # Subcommand modules import nothing heavy (mlx, torch) at module level: building the
     # parser imports them all, and `generate` must preload its BLAS before mlx.
     return importlib.import_module(f"mlxgraph.tools.{COMMANDS[name][0]}")
+
+
+def _version() -> str:
+    """The installed package's version (tools do not import the api package)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mlxgraph")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 class UsageError(Exception):
@@ -53,9 +75,13 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand (usage errors raise UsageError)."""
+    from mlxgraph.schema.format import format_version
+
     parser = _Parser(
         prog="mlxgraph", description="PyTorch language models as graph files, run on MLX."
     )
+    parser.add_argument("--version", action="version",
+                        version=f"mlxgraph {_version()} (writes graph format {format_version()})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         _load(name).add_arguments(sub.add_parser(name, help=help_text, description=help_text))
@@ -79,6 +105,7 @@ def main(argv=None) -> int:
                 return int(_load(args.command).run(args) or 0)
         return int(_load(args.command).run(args) or 0)
     except KeyboardInterrupt:
+        print("\nmlxgraph: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0

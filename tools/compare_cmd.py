@@ -1,8 +1,11 @@
 """`mlxgraph compare A B --prompt-ids 1,2,3`: run both graphs, name the first node that diverges.
 
 Exit 0 when every aligned node stays within its tolerance at every step, 1 when one does
-not, 2 on bad usage, an unreadable file or a graph that fails to run.
+not, 2 on bad usage, an unreadable file or graphs of different vocabularies, 3 when a graph
+fails while running.
 """
+
+import sys
 
 from mlxgraph.tools.align import Flow, align
 from mlxgraph.tools.node_text import short_name
@@ -48,7 +51,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    """Compare two graph files numerically; returns 0 (no divergence), 1 (diverged) or 2."""
+    """Compare two graph files numerically; returns 0 (no divergence), 1 (diverged), 2 (bad
+    input) or 3 (a graph failed while running)."""
     from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
     from mlxgraph.interpreter.program import Program
     from mlxgraph.schema.errors import GraphFormatError
@@ -59,6 +63,13 @@ def run(args) -> int:
         if args.steps < 0:
             raise ToolError(f"--steps must be >= 0, got {args.steps}")
         ga, gb = open_checked(args.a), open_checked(args.b)
+        va, vb = ga.metadata.vocab_size, gb.metadata.vocab_size
+        if va != vb:
+            # Fed the same ids, two vocabularies mean two different texts: any agreement is false.
+            raise ToolError(
+                f"{args.a} has a vocabulary of {va}, {args.b} of {vb}: compare runs "
+                "graphs of the same model (the same token ids must mean the same text)"
+            )
         for g, p in ((ga, args.a), (gb, args.b)):
             check_vocab(ids, g.metadata.vocab_size, p)
         pa, pb = Program.load(args.a), Program.load(args.b)
@@ -69,9 +80,20 @@ def run(args) -> int:
     fa, fb = Flow(ga), Flow(gb)
     pairs = align(fa, fb)
     try:
-        result = run_compare(pa, pb, pairs, ids, args.steps, rtol=args.rtol,
-                             precision_a=precision(fa), precision_b=precision(fb))
-    except (GraphRuntimeError, SessionError, GraphFormatError) as e:
+        result = run_compare(
+            pa,
+            pb,
+            pairs,
+            ids,
+            args.steps,
+            rtol=args.rtol,
+            precision_a=precision(fa),
+            precision_b=precision(fb),
+        )
+    except (GraphRuntimeError, SessionError) as e:
+        print(f"mlxgraph: compare: {e}", file=sys.stderr)
+        return 3
+    except GraphFormatError as e:
         return fail(f"compare: {e}")
     doc = report(ga, gb, pairs, result, ids, args)
     if args.json:
@@ -85,9 +107,17 @@ def _node(ga, s) -> dict:
     rec = ga.nodes[s.a]
     p = rec.provenance
     return {
-        "a": s.a, "b": s.b, "op": short_name(rec.op), "dtype_a": s.dtype_a, "dtype_b": s.dtype_b,
-        "max_abs": s.max_abs, "max_rel": s.max_rel, "tolerance": s.tol, "worst_step": s.worst_step,
-        "first_step_exceeded": s.first_step, "note": s.note,
+        "a": s.a,
+        "b": s.b,
+        "op": short_name(rec.op),
+        "dtype_a": s.dtype_a,
+        "dtype_b": s.dtype_b,
+        "max_abs": s.max_abs,
+        "max_rel": s.max_rel,
+        "tolerance": s.tol,
+        "worst_step": s.worst_step,
+        "first_step_exceeded": s.first_step,
+        "note": s.note,
         "provenance": {"module_path": p.module_path, "source": p.source, "target": p.target},
     }
 
@@ -149,8 +179,11 @@ def print_text(doc, top: int) -> None:
     if tol["rtol"] is not None:
         print(f"tolerance: max rel {tol['rtol']:g} for floating outputs (--rtol), integers exact")
     else:
-        print("tolerance: max rel " + ", ".join(f"{k} {v:g}" for k, v in tol["by_dtype"].items())
-              + " (the less precise side's), integers exact")
+        print(
+            "tolerance: max rel "
+            + ", ".join(f"{k} {v:g}" for k, v in tol["by_dtype"].items())
+            + " (the less precise side's), integers exact"
+        )
     f = doc["first_divergent"]
     if f is None:
         print("no divergence: every aligned node is within tolerance at every step")
@@ -180,5 +213,5 @@ def print_text(doc, top: int) -> None:
         f"  {'a':<6} {'b':<6} {'op':<16} {'dtype':<16} {'max abs':>10} {'max rel':>10} {'tol':>8} "
         f"{'step':>4}  provenance"
     )
-    for n in worst[:max(top, 0)]:
+    for n in worst[: max(top, 0)]:
         print(_row(n))

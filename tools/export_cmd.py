@@ -8,10 +8,20 @@ option), 1 when the model cannot be exported (unsupported ops, all listed).
 
 import os
 import sys
-import time
 
 from mlxgraph.schema.format import format_version
-from mlxgraph.tools.output import fail, human_bytes, json_header_for, positive_int, print_json
+from mlxgraph.tools.output import (
+    fail,
+    human_bytes,
+    json_header_for,
+    positive_int,
+    print_json,
+    process_seconds,
+)
+
+# export()'s parameters as this command's flags, for its error messages.
+FLAGS = {"max_seq_len": "--max-seq-len", "dtype": "--dtype"}
+INSTALL_HINT = "export needs torch and transformers: pip install 'mlxgraph[export]'"
 
 
 def add_arguments(parser) -> None:
@@ -30,7 +40,7 @@ def add_arguments(parser) -> None:
         type=positive_int,
         default=None,
         help="the most tokens one step may carry, and the recorded max context "
-        "(default 2048, or the model's max_position_embeddings when smaller)",
+        "(default: 2048, or the model's max_position_embeddings when smaller)",
     )
     parser.add_argument("--allow-nonfinite", action="store_true",
                         help="export weights holding NaN or infinity (refused by default)")
@@ -54,17 +64,30 @@ def _summary(stats: dict) -> str:
 def run(args) -> int:
     """Export; returns the exit code."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model name is never a download
-    from transformers.utils import logging as hf_logging
+    if args.max_seq_len is not None and args.max_seq_len < 2:
+        return fail(f"export: --max-seq-len must be at least 2, got {args.max_seq_len}")
+    try:
+        import torch  # noqa: F401 - first: transformers without torch prints its own warning
+        from transformers.utils import logging as hf_logging
 
-    from mlxgraph.exporter import AdapterError, ExportError, TraceError, UnsupportedOpsError, export
+        from mlxgraph.exporter import (
+            AdapterError,
+            ExportError,
+            TraceError,
+            UnsupportedOpsError,
+            export,
+        )
+    except ImportError as e:
+        if e.name and e.name.split(".")[0] in ("torch", "transformers", "safetensors"):
+            return fail(INSTALL_HINT)
+        raise
 
     hf_logging.disable_progress_bar()  # our own progress lines say the same, once
 
-    started = time.perf_counter()
-
     def progress(step: str) -> None:
+        # Seconds since the process started: importing torch is part of the wait.
         if not args.json:
-            print(f"[{time.perf_counter() - started:6.1f}s] {step}...", file=sys.stderr, flush=True)
+            print(f"[{process_seconds():6.1f}s] {step}...", file=sys.stderr, flush=True)
 
     try:
         stats = export(
@@ -76,12 +99,13 @@ def run(args) -> int:
             allow_nonfinite=args.allow_nonfinite,
         )
     except ExportError as e:
-        return fail(f"export: {e}")
+        return fail(f"export: {e.message_for(FLAGS)}")
     except (UnsupportedOpsError, AdapterError, TraceError) as e:
         print(f"mlxgraph: export: {args.model}: cannot export: {e}", file=sys.stderr)
         return 1
     except OSError as e:
         return fail(f"export: {args.output}: {e.strerror or e}")
+    stats["seconds"] = process_seconds()   # the wait the user saw, imports included
     if args.json:
         print_json({**json_header_for(format_version()), **stats})
     else:

@@ -24,9 +24,10 @@ class GenerationStats:
 
     prompt_tokens: int = 0
     generated_tokens: int = 0
-    prefill_seconds: float = 0.0   # start .. first generated token known on the host
-    decode_seconds: float = 0.0    # first .. last generated token known on the host
-    stop_reason: str = ""          # 'eos' | 'max_tokens'
+    prefill_seconds: float = 0.0  # start .. first generated token known on the host
+    decode_seconds: float = 0.0  # first .. last generated token known on the host
+    stop_reason: str = ""  # 'eos' | 'max_tokens' (callers add 'stop_string', 'capacity', ...)
+    cached_tokens: int = 0  # history already in the session, not prefilled (chat turns)
 
     @property
     def prefill_tps(self) -> float:
@@ -51,14 +52,22 @@ def prefill(session, prompt_ids, chunk: int) -> None:
     """Feed all but the last prompt token, ``chunk`` tokens per evaluated step."""
     body = prompt_ids[:-1]
     for i in range(0, len(body), chunk):
-        piece = mx.array([body[i:i + chunk]], dtype=mx.int32)
+        piece = mx.array([body[i : i + chunk]], dtype=mx.int32)
         logits = session.step(piece, range(session.length, session.length + piece.shape[1]))
         arrays = session.cache_state()
         mx.eval(arrays if arrays else logits)
 
 
-def generate(session, prompt_ids, sampler, max_tokens: int, stop_ids=(), prefill_chunk: int = 512,
-             stats: GenerationStats | None = None, on_prefilled=None):
+def generate(
+    session,
+    prompt_ids,
+    sampler,
+    max_tokens: int,
+    stop_ids=(),
+    prefill_chunk: int = 512,
+    stats: GenerationStats | None = None,
+    on_prefilled=None,
+):
     """Yield generated token ids (ints) one by one.
 
     Args:
@@ -83,6 +92,8 @@ def generate(session, prompt_ids, sampler, max_tokens: int, stop_ids=(), prefill
     stats = stats if stats is not None else GenerationStats()
     stats.prompt_tokens, stats.generated_tokens = len(prompt_ids), 0
     stop = frozenset(int(s) for s in stop_ids)
+    if hasattr(sampler, "begin"):
+        sampler.begin(prompt_ids)
     fed_ahead = False
     t0 = time.perf_counter()
     prefill(session, list(prompt_ids), max(1, int(prefill_chunk)))

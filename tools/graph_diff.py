@@ -12,13 +12,28 @@ differences (provenance is shown for context); neither do the producer string an
 format version, which the report shows in its header.
 """
 
+import hashlib
+
 from mlxgraph.schema.spec import op_spec
 from mlxgraph.tools.align import Flow, align
 from mlxgraph.tools.node_text import SlotNames, format_node, short_name
 from mlxgraph.tools.numeric import constant_errors
 
-_META_FIELDS = ("architecture", "num_layers", "vocab_size", "hidden_size", "max_context",
-                "eos_token_ids", "bos_token_id", "tokenizer")
+_META_FIELDS = (
+    "architecture",
+    "num_layers",
+    "vocab_size",
+    "hidden_size",
+    "max_context",
+    "eos_token_ids",
+    "bos_token_id",
+    "tokenizer",
+)
+
+
+def _text_size(text):
+    raw = None if text is None else text.encode("utf-8")
+    return raw and f"{len(raw)} bytes, blake2b {hashlib.blake2b(raw, digest_size=8).hexdigest()}"
 
 
 def _entry(field, a, b) -> dict:
@@ -28,8 +43,11 @@ def _entry(field, a, b) -> dict:
 def diff_metadata(ga, gb) -> list:
     """Differences of model metadata and symbols: [{'field', 'a', 'b'}]."""
     ma, mb = ga.metadata, gb.metadata
-    out = [_entry(f, _plain(getattr(ma, f)), _plain(getattr(mb, f)))
-           for f in _META_FIELDS if getattr(ma, f) != getattr(mb, f)]
+    out = [
+        _entry(f, _plain(getattr(ma, f)), _plain(getattr(mb, f)))
+        for f in _META_FIELDS
+        if getattr(ma, f) != getattr(mb, f)
+    ]
     la, lb = ({lc.layer_id: lc for lc in m.layers} for m in (ma, mb))
     for lid in sorted(set(la) | set(lb)):
         if la.get(lid) != lb.get(lid):
@@ -37,6 +55,11 @@ def diff_metadata(ga, gb) -> list:
     for k in sorted(set(ma.extra) | set(mb.extra)):
         if ma.extra.get(k) != mb.extra.get(k):
             out.append(_entry(f"extra[{k}]", ma.extra.get(k), mb.extra.get(k)))
+    fa, fb = ma.tokenizer_files, mb.tokenizer_files
+    for k in sorted(set(fa) | set(fb)):
+        if fa.get(k) != fb.get(k):  # sizes, not the texts (a tokenizer.json is megabytes)
+            a, b = _text_size(fa.get(k)), _text_size(fb.get(k))
+            out.append(_entry(f"tokenizer_files[{k}]", a, b))
     sa, sb = ({s.name: (s.min, s.max) for s in g.symbols} for g in (ga, gb))
     for name in sorted(set(sa) | set(sb)):
         if sa.get(name) != sb.get(name):
@@ -56,6 +79,7 @@ def _layer(lc):
         "head_dim": lc.head_dim,
         "v_head_dim": lc.v_head_dim,
         "sliding_window": lc.sliding_window,
+        "attention_chunk": lc.attention_chunk,
     }
 
 
@@ -133,12 +157,26 @@ class _Differ:
         for i, j in self.pairs:
             if i is None:
                 rec = self.gb.nodes[j]
-                out.append({"change": "inserted", "b": j, "op": short_name(rec.op),
-                            "dtype_only": rec.op == "CastNode", "text": format_node(j, rec, nb)})
+                out.append(
+                    {
+                        "change": "inserted",
+                        "b": j,
+                        "op": short_name(rec.op),
+                        "dtype_only": rec.op == "CastNode",
+                        "text": format_node(j, rec, nb),
+                    }
+                )
             elif j is None:
                 rec = self.ga.nodes[i]
-                out.append({"change": "deleted", "a": i, "op": short_name(rec.op),
-                            "dtype_only": rec.op == "CastNode", "text": format_node(i, rec, na)})
+                out.append(
+                    {
+                        "change": "deleted",
+                        "a": i,
+                        "op": short_name(rec.op),
+                        "dtype_only": rec.op == "CastNode",
+                        "text": format_node(i, rec, na),
+                    }
+                )
             else:
                 fields = self.node_changes(i, j)
                 if fields:
@@ -207,8 +245,11 @@ class _Differ:
             if stats and a["shape"] == b["shape"]:
                 entry["max_abs_diff"], entry["max_rel_diff"] = constant_errors(ga, k, gb, m)
             out.append(entry)
-        out.extend({"change": "added", "a": None, "b": _const(gb, m)}
-                   for m in range(len(gb.constants)) if m not in self.cb2a)
+        out.extend(
+            {"change": "added", "a": None, "b": _const(gb, m)}
+            for m in range(len(gb.constants))
+            if m not in self.cb2a
+        )
         return out
 
 

@@ -64,7 +64,7 @@ def cache_groups(layers) -> list:
     groups = []
     for lc in layers:
         geo = {"kv_heads": lc.kv_heads, "head_dim": lc.head_dim, "v_head_dim": lc.v_head_dim,
-               "sliding_window": lc.sliding_window}
+               "sliding_window": lc.sliding_window, "attention_chunk": lc.attention_chunk}
         if groups and groups[-1]["geometry"] == geo and groups[-1]["layers"][1] == lc.layer_id - 1:
             groups[-1]["layers"][1] = lc.layer_id
         else:
@@ -139,6 +139,9 @@ def summary(graph, path) -> dict:
             "bos_token_id": m.bos_token_id,
             "tokenizer": m.tokenizer,
             "extra": dict(m.extra),
+            "tokenizer_files": {
+                k: len(v.encode("utf-8")) for k, v in sorted(m.tokenizer_files.items())
+            },
             "cache": cache_groups(m.layers),
         },
         "symbols": [{"name": s.name, "min": s.min, "max": s.max} for s in graph.symbols],
@@ -180,6 +183,9 @@ def print_summary(doc, version: str) -> None:
         f"vocab {m['vocab_size']}  max context {m['max_context']}  eos {m['eos_token_ids']}  "
         f"bos {m['bos_token_id']}  tokenizer {m['tokenizer'] or '-'}"
     )
+    if m["tokenizer_files"]:
+        files = [f"{k} ({human_bytes(n)})" for k, n in m["tokenizer_files"].items()]
+        print(*_wrap("tokenizer", files), sep="\n")
     if m["extra"]:
         print(*_wrap("extra", [f"{k}={v}" for k, v in sorted(m["extra"].items())]), sep="\n")
     cache = []
@@ -187,6 +193,8 @@ def print_summary(doc, version: str) -> None:
         lo, hi = g["layers"]
         span = f"layer {lo}" if lo == hi else f"layers {lo}-{hi}"
         window = f"window {g['sliding_window']}" if g["sliding_window"] else "full"
+        if g["attention_chunk"]:
+            window = f"chunk {g['attention_chunk']}"
         cache.append(
             f"{span}: kv_heads {g['kv_heads']} head_dim {g['head_dim']} v_head_dim "
             f"{g['v_head_dim']} {window}"

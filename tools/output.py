@@ -3,8 +3,10 @@
 import contextlib
 import json
 import math
+import os
 import resource
 import sys
+import time
 
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.format import format_version
@@ -32,7 +34,11 @@ def open_checked(path):
         ToolError: the file cannot be read or is not a valid graph file.
     """
     from mlxgraph.schema.reader import open_graph
+    from mlxgraph.tools.file_kind import graph_path_problem
 
+    problem = graph_path_problem(path)
+    if problem:
+        raise ToolError(problem)
     try:
         graph = open_graph(path)
         for part in (
@@ -130,24 +136,28 @@ def probability_mass(text: str) -> float:
     return _number(float, text, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
-def parse_ids(text: str) -> list:
-    """Token ids from ``--prompt-ids``: '1, 2,3' -> [1, 2, 3].
+def parse_ids(text: str, flag: str = "--prompt-ids") -> list:
+    """Token ids from ``--prompt-ids``: '1,2,3' or '1, 2, 3' -> [1, 2, 3].
 
     Raises:
-        ToolError: an entry is not an integer or is negative, or there is none.
+        ToolError: an entry is not an integer or is negative, ids separated by spaces only
+            ('1 2 3' must not silently become 123), or there is none.
     """
     ids = []
-    for part in text.replace(" ", "").split(","):
+    for part in text.split(","):
+        part = part.strip()
         if part == "":
             continue
-        try:
-            ids.append(int(part))
-        except ValueError:
-            raise ToolError(f"--prompt-ids: {part!r} is not an integer") from None
+        if len(part.split()) > 1:
+            raise ToolError(f"{flag}: separate token ids with commas ({part!r} -> "
+                            f"{','.join(part.split())!r})")
+        if not part.lstrip("+-").isdigit() or not part.isascii():
+            raise ToolError(f"{flag}: {part!r} is not an integer")
+        ids.append(int(part))
         if ids[-1] < 0:
-            raise ToolError(f"--prompt-ids: token ids are non-negative, got {ids[-1]}")
+            raise ToolError(f"{flag}: token ids are non-negative, got {ids[-1]}")
     if not ids:
-        raise ToolError("--prompt-ids: no token ids given")
+        raise ToolError(f"{flag}: no token ids given")
     return ids
 
 
@@ -160,6 +170,24 @@ def check_vocab(ids, vocab_size: int, path) -> None:
     bad = [t for t in ids if t < 0 or (vocab_size and t >= vocab_size)]
     if bad:
         raise ToolError(f"{path}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+
+
+_IMPORTED = time.time()
+
+
+def process_seconds() -> float:
+    """Seconds since this process started (Linux: from /proc; elsewhere: since this import).
+
+    Export times count from process start: importing torch is part of what the user waits for.
+    """
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time() - _IMPORTED
 
 
 def peak_rss_bytes() -> int:
@@ -262,22 +290,3 @@ def fmt_num(x) -> str:
 def shape_str(shape) -> str:
     """A slot shape as '[1, T, 768]' (None = dynamic as '?')."""
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
-
-
-def print_compute_note(compute: dict, err) -> None:
-    """Print generate's compute line when the note says something."""
-    note = compute_note(compute)
-    if note:
-        print(f"compute      {note}", file=err)
-
-
-def compute_note(compute: dict) -> str:
-    """generate's line on the dtypes computed in, for a half-precision graph ('' otherwise)."""
-    dtypes = ", ".join(compute["dtypes"])
-    if compute["widened_from"]:
-        widened = ", ".join(compute["widened_from"])
-        return f"{dtypes} (widened from {widened} at load: --compute-dtype)"
-    if {"float16", "bfloat16"} & set(compute["dtypes"]):
-        return (f"{dtypes}: MLX's half-precision matmuls on CPU are 20-50x slower than float32; "
-                "--compute-dtype float32 widens at load")
-    return ""

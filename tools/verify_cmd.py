@@ -9,6 +9,7 @@ import sys
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.reader import read_file
 from mlxgraph.schema.verifier import peek_version, verify_report
+from mlxgraph.tools.file_kind import looks_like
 from mlxgraph.tools.output import fail, json_header_for, positive_count, print_json, printable
 
 
@@ -50,7 +51,9 @@ def run(args) -> int:
             print_json({**json_header_for(None if version is None else "{}.{}".format(*version)),
                         "file": args.file, "valid": False, "deep": args.deep,
                         "error": {"node": e.node, "field": e.field, "reason": e.reason}})
-        print(f"{printable(args.file)}: invalid: {printable(e.detail)}", file=sys.stderr)
+        kind = looks_like(args.file) if e.node is None else None
+        reason = "not a graph file: " + kind if kind else e.detail
+        print(f"{printable(args.file)}: invalid: {printable(reason)}", file=sys.stderr)
         return 1
     finally:
         constants.close()

@@ -9,20 +9,18 @@ from mlxgraph.exporter.lowerings import register
 
 @register(torch.ops.mlxgraph.update_and_attend.default)
 def update_and_attend(ctx, node):
-    """q, k, v and the [T, 1] positions; layer_id, scale and out_dtype are static."""
-    args = list(node.args) + [None] * (7 - len(node.args))
-    q, k, v, position, layer_id, scale, out_dtype = args[:7]
-    out_dtype = node.kwargs.get("out_dtype", out_dtype)
-    if not isinstance(layer_id, int) or not isinstance(scale, int | float):
-        raise LoweringError("layer_id and scale must be static numbers")
+    """q, k, v, the [T, 1] positions and optional [Hq] sinks; layer_id, scale, out_dtype
+    and softcap are static."""
+    names = ("q", "k", "v", "position", "layer_id", "scale", "out_dtype", "sinks", "softcap")
+    args = dict(zip(names, node.args))
+    args.update(node.kwargs)
+    layer_id, scale, out_dtype = args["layer_id"], args["scale"], args.get("out_dtype")
+    sinks, softcap = args.get("sinks"), args.get("softcap") or 0.0
+    static = isinstance(layer_id, int) and all(isinstance(x, int | float) for x in (scale, softcap))
+    if not static:
+        raise LoweringError("layer_id, scale and softcap must be static numbers")
     code = None if out_dtype is None else torch_dtype_code(out_dtype)
-    return ctx.emit_out(
-        "UpdateAndAttend",
-        q=ctx.slot(q),
-        k=ctx.slot(k),
-        v=ctx.slot(v),
-        position=ctx.slot(position),
-        layer_id=layer_id,
-        scale=float(scale),
-        out_dtype=code,
-    )
+    tensors = {name: ctx.slot(args[name]) for name in ("q", "k", "v", "position")}
+    return ctx.emit_out("UpdateAndAttend", **tensors, layer_id=layer_id, scale=float(scale),
+                        out_dtype=code, sinks=None if sinks is None else ctx.slot(sinks),
+                        softcap=float(softcap) or None)

@@ -1,0 +1,192 @@
+"""What the adapter cannot express, found before tracing: one line naming where and what.
+
+The adapter turns attention that goes through transformers' ``AttentionInterface`` into
+``mlxgraph::update_and_attend``. Everything else that carries state across steps (state-
+space mixers, short convolutions, linear or gated-delta attention) or changes attention
+in a way the op does not implement would trace into a graph that runs and is wrong, or
+fail deep inside torch.export with a page of symbolic guards. :func:`check_model` walks
+the model's modules and config first and stops at the first such part with one line,
+for example ``model.layers.0.mixer (MambaMixer): state-space layers are not supported``.
+
+The lists below are the one place that says what is refused; tests/test_model_support.py
+builds a model for every entry.
+"""
+
+import re
+from dataclasses import dataclass
+
+
+class AdapterError(Exception):
+    """The model uses an attention feature or layer kind the graph cannot express."""
+
+
+@dataclass(frozen=True)
+class ModuleRule:
+    """Modules the graph cannot run: matched by class name and, optionally, an attribute."""
+
+    class_pattern: str  # re.search on the class name
+    feature: str  # what is missing, as the message says it
+    attribute: str = ""  # also require an attribute (parameter, submodule) of this name
+
+    def matches(self, module) -> bool:
+        """Whether ``module`` is one this rule refuses."""
+        if not re.search(self.class_pattern, type(module).__name__):
+            return False
+        return not self.attribute or hasattr(module, self.attribute)
+
+
+# Checked in order on every module, parents before children.
+UNSUPPORTED_MODULES = (
+    ModuleRule(r"Mamba|Mixer$|SSM", "state-space layers are not supported", attribute="A_log"),
+    # MLA's decompressed K/V would fit the op, but its partial RoPE writes slices in place
+    # (slice_scatter) and its group-limited router scatters: neither lowers yet.
+    ModuleRule(
+        r"Attention$",
+        "multi-head latent attention (MLA) is not supported",
+        attribute="kv_a_proj_with_mqa",
+    ),
+    ModuleRule(
+        r"GatedDeltaNet|LinearAttention|Lightning",
+        "linear / gated-delta attention layers are not supported",
+    ),
+    # Llama 4 rotates q/k as complex numbers (torch.polar, view_as_complex): no complex
+    # dtype in the graph yet. (Its chunked attention itself is supported.)
+    ModuleRule(
+        r"^Llama4TextRotaryEmbedding$",
+        "complex-number RoPE (torch.polar / view_as_complex) is not supported",
+    ),
+    ModuleRule(r"ShortConv", "short-convolution layers are not supported"),
+    ModuleRule(r"^Conv1d$", "convolutions over the sequence (a recurrent state) are not supported"),
+)
+
+# Layer types (config.layer_types) the adapter runs; "sparse"/"dense"/"moe" name MLPs.
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+MLP_LAYER_TYPES = ("sparse", "dense", "moe")
+
+
+@dataclass(frozen=True)
+class SettingRule:
+    """A config setting that changes attention in a way the adapter does not implement."""
+
+    name: str  # the config attribute, as the message names it
+    refuses: object  # fn(config) -> str | None: why, or None when the setting is fine
+
+
+def _layer_types(config):
+    bad = [
+        t
+        for t in getattr(config, "layer_types", None) or ()
+        if t not in ATTENTION_LAYER_TYPES + MLP_LAYER_TYPES
+    ]
+    return (
+        f"layer type {bad[0]!r} is not supported (only {', '.join(ATTENTION_LAYER_TYPES)})"
+        if bad
+        else None
+    )
+
+
+def _chunk_without_layer_types(config):
+    chunked = "chunked_attention" in (getattr(config, "layer_types", None) or ())
+    size = getattr(config, "attention_chunk_size", None)
+    if size and not chunked:
+        return (
+            "attention_chunk_size is set but no layer is 'chunked_attention': "
+            "which layers chunk is unknown"
+        )
+    if chunked and not (isinstance(size, int) and size > 0):
+        return f"'chunked_attention' layers need a positive attention_chunk_size, got {size!r}"
+    return None
+
+
+def _temperature_tuning(config):
+    nope = [
+        i
+        for i, use_rope in enumerate(getattr(config, "no_rope_layers", None) or ())
+        if not use_rope
+    ]
+    if getattr(config, "attn_temperature_tuning", False) and nope:
+        return (
+            f"attention temperature tuning (layer {nope[0]} and other NoPE layers) reads "
+            "positions from the KV cache, which the exported graph does not have"
+        )
+    return None
+
+
+def _rope_by_length(config):
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type", params.get("type")) if isinstance(params, dict) else None
+    if rope_type in ("dynamic", "longrope"):
+        return (
+            f"rope_type {rope_type!r} rescales RoPE by the sequence length seen, "
+            "which a traced graph fixes"
+        )
+    return None
+
+
+def _flag(attribute: str, feature: str):
+    return lambda config: feature if getattr(config, attribute, False) else None
+
+
+UNSUPPORTED_SETTINGS = (
+    SettingRule("layer_types", _layer_types),
+    SettingRule("attention_chunk_size", _chunk_without_layer_types),
+    SettingRule("attn_temperature_tuning", _temperature_tuning),
+    SettingRule("rope_parameters", _rope_by_length),
+    SettingRule(
+        "scale_attn_by_inverse_layer_idx",
+        _flag(
+            "scale_attn_by_inverse_layer_idx",
+            "scaling attention by 1 / (layer + 1) is not supported",
+        ),
+    ),
+    SettingRule(
+        "use_bidirectional_attention",
+        _flag("use_bidirectional_attention", "bidirectional attention is not supported"),
+    ),
+    SettingRule("alibi", _flag("alibi", "ALiBi position biases are not supported")),
+)
+
+
+def text_config(config):
+    """The decoder's own config (a multimodal config's text part, else the config itself)."""
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def check_model(model) -> None:
+    """Refuse, before tracing, a model with a part the adapter cannot express.
+
+    Raises:
+        AdapterError: one line: ``<module path> (<class>): <feature>`` for a module, or
+            ``config.<setting>: <why>`` for a config setting.
+    """
+    for path, module in model.named_modules():
+        for rule in UNSUPPORTED_MODULES:
+            if path and rule.matches(module):
+                raise AdapterError(f"{path} ({type(module).__name__}): {rule.feature}")
+    config = text_config(model.config)
+    for rule in UNSUPPORTED_SETTINGS:
+        why = rule.refuses(config)
+        if why:
+            raise AdapterError(f"config.{rule.name}: {why}")
+
+
+def chunked_layers(config) -> dict:
+    """{layer index: chunk size} of the layers whose type is 'chunked_attention'."""
+    config = text_config(config)
+    chunk = int(getattr(config, "attention_chunk_size", None) or 0)
+    types = getattr(config, "layer_types", None) or ()
+    return {i: chunk for i, t in enumerate(types) if t == "chunked_attention" and chunk > 0}
+
+
+__all__ = [
+    "AdapterError",
+    "ModuleRule",
+    "SettingRule",
+    "UNSUPPORTED_MODULES",
+    "UNSUPPORTED_SETTINGS",
+    "ATTENTION_LAYER_TYPES",
+    "check_model",
+    "chunked_layers",
+    "text_config",
+]

@@ -1,0 +1,100 @@
+"""Docs that run: every ``sh`` and ``python`` block of README.md and docs/*.md runs as written
+against what ``make demo`` produces (``out/tiny-llama.mlxg``), in a scratch folder.
+
+A block's info string may add one word after the language: ``slow`` (runs under
+``make test-slow`` only: exports, which import torch) or ``no-run`` (cannot run here: it
+installs system packages, needs a model folder of your own, or would run the test suite
+itself, or benchmarks for minutes). The exit code table is checked against the one the CLI defines.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tool_helpers import exported_tiny_llama
+
+from mlxgraph.tools.cli import EXIT_CODES
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.S | re.M)
+BIN = Path(sys.executable).parent
+
+
+def blocks():
+    """(id, language, tag, code) of every sh / python block."""
+    out = []
+    for doc in DOCS:
+        for n, m in enumerate(FENCE.finditer(doc.read_text())):
+            lang, tag, code = m.group(1), m.group(2).strip(), m.group(3)
+            if lang in ("sh", "python"):
+                out.append((f"{doc.name}-{n}", lang, tag, code))
+    return out
+
+
+BLOCKS = blocks()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """A scratch folder holding what `make demo` writes: out/tiny-llama.mlxg."""
+    work = tmp_path_factory.mktemp("docs")
+    (work / "out").mkdir()
+    shutil.copy(exported_tiny_llama(tmp_path_factory)["float32"], work / "out" / "tiny-llama.mlxg")
+    return work
+
+
+def _run(lang, code, cwd):
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": "",
+    }
+    argv = (
+        ["bash", "-euo", "pipefail", "-c", code] if lang == "sh" else [sys.executable, "-c", code]
+    )
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _check(block, demo):
+    name, lang, tag, code = block
+    proc = _run(lang, code, demo)
+    assert proc.returncode == 0, (
+        f"{name} ({lang}) failed:\n{code}\n--- stderr:\n{proc.stderr[-2000:]}"
+    )
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b[2] == ""], ids=lambda b: b[0])
+def test_block_runs(block, demo):
+    _check(block, demo)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b[2] == "slow"], ids=lambda b: b[0])
+def test_slow_block_runs(block, demo):
+    _check(block, demo)
+
+
+def test_blocks_are_tagged_sparingly():
+    tags = [b[2] for b in BLOCKS]
+    assert set(tags) <= {"", "slow", "no-run"}, tags
+    # no-run is for installs, your own model folder and minutes-long benchmarks only.
+    assert tags.count("") >= 4 and tags.count("no-run") <= 8
+
+
+def test_one_exit_code_table_everywhere():
+    """README's table is the CLI's EXIT_CODES; the other documents link to it and state no
+    code of their own for a failing graph."""
+    readme = (ROOT / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `(\d+)` \| (.+?) \|$", readme, re.M))
+    assert {int(k): v for k, v in rows.items()} == EXIT_CODES
+    for doc in DOCS[1:]:
+        text = doc.read_text()
+        assert not re.search(r"[Ee]xit codes?:? \d", text), (
+            f"{doc.name} states exit codes: link README's table"
+        )

@@ -1,0 +1,91 @@
+"""What `mlxgraph generate` reports after the text: the stats document (--json) and the
+stats lines on stderr (tokens, tok/s, peak memory, BLAS, prompt cache, window notes)."""
+
+from mlxgraph.tools.output import human_bytes, peak_rss_bytes
+
+
+def stats_doc(stats, blas, sampler, mx) -> dict:
+    """The JSON-ready sampling settings and stats of one generation."""
+    return {
+        "sampling": sampler.describe(),
+        "stats": {
+            "prompt_tokens": stats.prompt_tokens,
+            "generated_tokens": stats.generated_tokens,
+            "prefill_seconds": stats.prefill_seconds,
+            "decode_seconds": stats.decode_seconds,
+            "prefill_tokens_per_second": stats.prefill_tps,
+            "decode_tokens_per_second": stats.decode_tps,
+            "peak_memory_bytes": int(mx.get_peak_memory()),
+            "peak_rss_bytes": peak_rss_bytes(),
+            "blas": blas.as_dict(),
+        },
+    }
+
+
+def print_stats(stats, doc, blas, err) -> None:
+    """The stats lines for a person (stderr)."""
+    s = doc["stats"]
+    seed = doc["sampling"]["seed"]
+    mode = "greedy" if seed is None else f"sampled, seed {seed}"
+    print("-" * 60, file=err)
+    print(
+        f"prompt     {stats.prompt_tokens:6d} tokens   prefill {stats.prefill_tps:9.1f} tok/s",
+        file=err,
+    )
+    print(
+        f"generated  {stats.generated_tokens:6d} tokens   decode  {stats.decode_tps:9.1f} tok/s"
+        f"   ({mode}; stopped: {stats.stop_reason.replace('_', ' ')})",
+        file=err,
+    )
+    print(
+        f"peak memory  {human_bytes(s['peak_memory_bytes'])} MLX, "
+        f"{human_bytes(s['peak_rss_bytes'])} process RSS",
+        file=err,
+    )
+    print(f"BLAS         {blas.describe()}", file=err)
+    print_compute_note(s["compute"], err)
+
+
+def print_cache_notes(doc, err) -> None:
+    """The prompt cache's reuse and any window approximation, one line each."""
+    pc = doc["prompt_cache"]
+    if pc:
+        note = f" ({pc['note']})" if pc["note"] else ""
+        print(
+            f"prompt cache {pc['reused_tokens']} tokens reused, {pc['saved_tokens']} saved "
+            f"to {pc['path']}{note}",
+            file=err,
+        )
+    windows = doc["kv_cache"]["approximations"]
+    if windows:
+        by_window = {}
+        for lid, w in windows.items():
+            by_window.setdefault(w, []).append(lid)
+        for w, lids in by_window.items():
+            print(
+                f"approximation: full-attention layers {','.join(lids)} keep only the last "
+                f"{w} tokens (--window)",
+                file=err,
+            )
+
+
+def print_compute_note(compute: dict, err) -> None:
+    """Print generate's compute line when the note says something."""
+    note = compute_note(compute)
+    if note:
+        print(f"compute      {note}", file=err)
+
+
+def compute_note(compute: dict) -> str:
+    """generate's line on the dtypes computed in, for a half-precision graph ('' otherwise)."""
+    dtypes = ", ".join(compute["dtypes"])
+    if compute["widened_from"]:
+        widened = ", ".join(compute["widened_from"])
+        return f"{dtypes} (widened from {widened} at load: --compute-dtype)"
+    if {"float16", "bfloat16"} & set(compute["dtypes"]):
+        return (f"{dtypes}: MLX's half-precision matmuls on CPU are 20-50x slower than float32; "
+                "--compute-dtype float32 widens at load")
+    return ""
+
+
+__all__ = ["compute_note", "print_cache_notes", "print_compute_note", "print_stats", "stats_doc"]
