@@ -6,8 +6,8 @@ These checks run after the semantic ones (schema/verify_semantics.py), on the sa
 decoded records, and bound every step of a file that passes:
 
 - every tensor slot's declared shape, with each symbol at its maximum, has at most
-  ``element_limit`` elements (default: a few times the constants plus the KV cache at the
-  model's max context, within [2**24, 2**31 - 1]; a load option raises it), and no dim
+  ``element_limit`` elements (default: a few times the constants plus the KV cache and the
+  logits at the model's max context, within [2**24, 2**31 - 1]; a load option raises it), and no dim
   exceeds 2**31 - 1 (MLX's dims are 32-bit);
 - every runtime integer (value slot) has a magnitude bound derived from the symbols'
   bounds through SymSize / SymArith (interval arithmetic), under 2**62; the interpreter
@@ -90,15 +90,19 @@ ATTRIBUTE_CHECKS = {
 
 
 def default_element_limit(g) -> int:
-    """A few times the constants' elements plus the KV cache at the max context, clamped."""
+    """A few times what a legitimate step at the max context holds, clamped: the constants'
+    elements, the KV cache, and the logits of a step of max-context tokens (a 32k-vocabulary
+    model prefilling 4k tokens produces 131M logits, more than its weights)."""
     constants = sum(math.prod(d.size for d in g.tensors[c.tensor].shape) for c in g.constants or ())
-    kv = 0
+    per_step = 0
     meta = g.metadata
     if meta is not None:
         context = min(max(meta.max_context, 0), MAX_DIM)
         for lc in meta.layers or ():
-            kv += lc.kv_heads * (lc.head_dim + lc.v_head_dim) * context
-    return max(MIN_ELEMENT_LIMIT, min(_ALLOWANCE * (constants + kv), MAX_DEFAULT_ELEMENT_LIMIT))
+            per_step += lc.kv_heads * (lc.head_dim + lc.v_head_dim) * context
+        per_step += context * min(max(meta.vocab_size, 0), MAX_DIM)
+    return max(MIN_ELEMENT_LIMIT,
+               min(_ALLOWANCE * (constants + per_step), MAX_DEFAULT_ELEMENT_LIMIT))
 
 
 def check_bounds(g, fixed_slots: set, element_limit=None) -> StepBounds:

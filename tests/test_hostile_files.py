@@ -87,6 +87,18 @@ def test_refused_at_load(name, data, match):
         mlxgraph.load(data())
 
 
+def test_default_limit_admits_a_long_prefill_over_a_large_vocabulary(tmp_path):
+    # The logits of a max-context step (8192 x 32000 = 262M elements) dwarf these weights:
+    # the default limit must still admit the model's own declared step (it once did not).
+    from mlxgraph.tools.synthetic import llama
+
+    path = tmp_path / "wide-vocab.mlxg"
+    llama(layers=1, hidden=16, heads=2, kv_heads=1, intermediate=32, vocab=32000,
+          max_context=8192).write(path)
+    program = mlxgraph.load(path)
+    assert program.session(capacity=16).step([[1, 2]], [0, 1]).shape == (1, 2, 32000)
+
+
 def test_element_limit_is_a_load_option(tmp_path, capsys):
     data = hg.full_of([4096, 8192])  # 32M elements: over the default for this file
     with pytest.raises(GraphFormatError, match="more than the limit"):
