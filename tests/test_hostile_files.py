@@ -90,7 +90,7 @@ def test_refused_at_load(name, data, match):
 def test_default_limit_admits_a_long_prefill_over_a_large_vocabulary(tmp_path):
     # The logits of a max-context step (8192 x 32000 = 262M elements) dwarf these weights:
     # the default limit must still admit the model's own declared step (it once did not).
-    from mlxgraph.tools.synthetic import llama
+    from synthetic_graphs import llama
 
     path = tmp_path / "wide-vocab.mlxg"
     llama(layers=1, hidden=16, heads=2, kv_heads=1, intermediate=32, vocab=32000,

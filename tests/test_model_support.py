@@ -10,7 +10,7 @@ from tool_helpers import run_cli
 from torch import nn
 
 from mlxgraph.exporter import AdapterError, TraceError, export, pipeline
-from mlxgraph.exporter.adapter import DecoderAdapter, reset_reference_cache
+from mlxgraph.exporter.adapter import DecoderAdapter
 from mlxgraph.exporter.builtins import build_model, make_config
 from mlxgraph.exporter.model_support import UNSUPPORTED_MODULES, UNSUPPORTED_SETTINGS, check_model
 
@@ -231,10 +231,9 @@ def test_chunked_layers_are_never_run_as_full_attention():
 
     def adapted(forget_chunks: bool):
         adapter = DecoderAdapter(build_model(make_config("llama4_text", **_LLAMA4)))
-        assert adapter.chunks == {0: 8, 1: 8, 2: 8}
+        assert adapter.record.chunks == {0: 8, 1: 8, 2: 8}
         if forget_chunks:
-            adapter.chunks = {}
-        reset_reference_cache()
+            adapter.record.chunks = {}
         with torch.no_grad():
             steps = [
                 adapter(tokens[:, s:e].int(), torch.arange(s, e, dtype=torch.int32))
