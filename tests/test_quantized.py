@@ -226,3 +226,27 @@ def test_verify_refuses_inconsistent_quantized_nodes(tmp_path, kwargs, field, wo
         verify_buffer(path.read_bytes(), path=path)
     assert e.value.field == field and words in e.value.reason, e.value
     assert e.value.node == 2 - (kwargs.get("x_dim", 64) == 64)
+
+
+# ---------------------------------------------------------------- command line
+@pytest.mark.parametrize("flag", [["--group-size", "64"], ["--quantize-lm-head", "float"],
+                                  ["--quantize-exclude", "lm_head"]])
+def test_recipe_flags_need_quantize(tmp_path, capsys, flag):
+    from tool_helpers import run_cli
+
+    code, _, err = run_cli(capsys, "export", "tiny-llama", "-o", tmp_path / "x.mlxg", *flag)
+    assert code == 2 and f"{flag[0]} needs --quantize q8|q4" in err
+    assert not (tmp_path / "x.mlxg").exists()
+
+
+def test_inspect_shows_bits_and_group_sizes(quantized_case, capsys):
+    from tool_helpers import run_cli
+
+    name, _, path = quantized_case
+    code, out, _ = run_cli(capsys, "inspect", path, "--json")
+    groups = json.loads(out)["quantized"]
+    if name == "q4-embedding-q8":
+        assert groups == [{"op": "QuantizedEmbedding", "bits": 8, "group_size": 32, "nodes": 1},
+                          {"op": "QuantizedLinear", "bits": 4, "group_size": 32, "nodes": 15}]
+    code, out, _ = run_cli(capsys, "inspect", path)
+    assert code == 0 and "quantized   " in out

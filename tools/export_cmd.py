@@ -49,7 +49,7 @@ def add_arguments(parser) -> None:
     quant.add_argument("--quantize", choices=["q8", "q4"], default=None,
                        help="store Linear and embedding weights at 8 or 4 bits, group-wise "
                        "affine (MLX's layout); default: every weight in --dtype")
-    quant.add_argument("--group-size", type=int, choices=[32, 64, 128], default=64,
+    quant.add_argument("--group-size", type=int, choices=[32, 64, 128], default=None,
                        help="weights per scale and bias (default 64)")
     quant.add_argument("--quantize-embedding", choices=["q8", "q4", "float"], default=None,
                        help="the token embedding's precision (default: as --quantize)")
@@ -90,7 +90,7 @@ def run(args) -> int:
         return fail(f"export: --max-seq-len must be at least 2, got {args.max_seq_len}")
     if args.quantize is None:
         given = [flag for name, flag in QUANT_FLAGS.items()
-                 if getattr(args, name) not in (None, [], 64)]
+                 if getattr(args, name) not in (None, [])]
         if given:
             return fail(f"export: {given[0]} needs --quantize q8|q4")
     try:
@@ -104,7 +104,7 @@ def run(args) -> int:
             UnsupportedOpsError,
             export,
         )
-        from mlxgraph.exporter.quantize import QuantizeRecipe
+        from mlxgraph.exporter.quantize import DEFAULT_GROUP_SIZE, QuantizeRecipe
     except ImportError as e:
         if e.name and e.name.split(".")[0] in ("torch", "transformers", "safetensors"):
             return fail(INSTALL_HINT)
@@ -126,8 +126,8 @@ def run(args) -> int:
             progress=progress,
             allow_nonfinite=args.allow_nonfinite,
             quantize=None if args.quantize is None else QuantizeRecipe(
-                args.quantize, args.group_size, args.quantize_embedding, args.quantize_lm_head,
-                tuple(args.quantize_exclude)),
+                args.quantize, args.group_size or DEFAULT_GROUP_SIZE, args.quantize_embedding,
+                args.quantize_lm_head, tuple(args.quantize_exclude)),
         )
     except ExportError as e:
         return fail(f"export: {e.message_for(FLAGS)}")
