@@ -19,6 +19,7 @@ from mlxgraph.exporter.finite_weights import nonfinite_weights
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
 from mlxgraph.exporter.model_info import DEFAULT_MAX_SEQ_LEN, model_info, resolve_max_seq_len
 from mlxgraph.exporter.model_support import check_model
+from mlxgraph.exporter.quantize import QuantizeRecipe, quantize_graph
 from mlxgraph.exporter.trace_scope import ModuleScope
 from mlxgraph.schema.atomic_write import check_replaceable
 from mlxgraph.schema.errors import GraphFormatError
@@ -154,6 +155,7 @@ def export(
     max_seq_len: int | None = None,
     progress=None,
     allow_nonfinite: bool = False,
+    quantize: QuantizeRecipe | None = None,
 ) -> dict:
     """Export a decoder to a graph file.
 
@@ -168,18 +170,23 @@ def export(
             None = min(2048, the model's max_position_embeddings).
         progress: optional ``fn(message)`` called as each long step starts.
         allow_nonfinite: export weights holding NaN or infinity (refused by default).
+        quantize: quantize the weights of Linear and Embedding nodes (exporter/quantize.py);
+            None keeps every weight in ``dtype``.
     Returns:
         stats: nodes, ops (histogram), constants, constant_bytes, file_bytes, seconds,
-        timings per step, path.
+        timings per step, path, quantization (the recipe and what it did, or None).
     Raises:
         ExportError: unknown model or option (e.g. max_seq_len past the model's
-            max_position_embeddings), an output path that cannot be written or is not a
-            regular file, or (without allow_nonfinite) weights holding NaN or infinity.
+            max_position_embeddings, a quantization recipe out of its domain), an output path
+            that cannot be written or is not a regular file, or (without allow_nonfinite)
+            weights holding NaN or infinity.
         AdapterError: the model's attention asks for something the graph op cannot do.
         TraceError: torch.export or run_decompositions failed on the model.
         UnsupportedOpsError: ops without a lowering (all listed, with their sources).
     """
     progress = progress or _no_progress
+    if quantize is not None:
+        quantize.check()
     if max_seq_len is not None and int(max_seq_len) < 2:
         raise ExportError(f"max_seq_len must be at least 2, got {max_seq_len}", "max_seq_len")
     out_dir = Path(out_path).resolve().parent
@@ -228,6 +235,8 @@ def export(
     refusal = None if allow_nonfinite else nonfinite_weights(writer)
     if refusal:
         raise ExportError(refusal)
+    quantized = None if quantize is None else step(
+        "quantizing", lambda: quantize_graph(writer, quantize))
     try:
         # Verified before it takes out_path's place: an export reports success only for a
         # file that loads.
@@ -249,6 +258,7 @@ def export(
         "file_bytes": sizes["bytes"],
         "parameters": sum(p.numel() for p in m.parameters()),
         "fusions": lowered["fusions"],
+        "quantization": quantized,
         "seconds": time.perf_counter() - t_start,
         "timings": timings,
     }
@@ -266,4 +276,5 @@ __all__ = [
     "DTYPES",
     "INPUT_DTYPE",
     "DEFAULT_MAX_SEQ_LEN",
+    "QuantizeRecipe",
 ]

@@ -109,6 +109,8 @@ class OpNode(object):
     UpdateAndAttendNode = 60
     LayerNormNode = 61
     TopKNode = 62
+    QuantizedLinearNode = 63
+    QuantizedEmbeddingNode = 64
 
 
 class Operand(object):
@@ -4478,6 +4480,216 @@ def TopKNodeAddLargest(builder, largest):
     builder.PrependBoolSlot(4, largest, 1)
 
 def TopKNodeEnd(builder):
+    return builder.EndObject()
+
+
+
+class QuantizedLinearNode(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = QuantizedLinearNode()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsQuantizedLinearNode(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def QuantizedLinearNodeBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x4D\x4C\x58\x47", size_prefixed=size_prefixed)
+
+    # QuantizedLinearNode
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # QuantizedLinearNode
+    def X(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # QuantizedLinearNode
+    def Weight(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # QuantizedLinearNode
+    def Scales(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # QuantizedLinearNode
+    def Biases(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # QuantizedLinearNode
+    def Bias(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # QuantizedLinearNode
+    def Out(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # QuantizedLinearNode
+    def GroupSize(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # QuantizedLinearNode
+    def Bits(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+def QuantizedLinearNodeStart(builder):
+    builder.StartObject(8)
+
+def QuantizedLinearNodeAddX(builder, x):
+    builder.PrependInt32Slot(0, x, None)
+
+def QuantizedLinearNodeAddWeight(builder, weight):
+    builder.PrependInt32Slot(1, weight, None)
+
+def QuantizedLinearNodeAddScales(builder, scales):
+    builder.PrependInt32Slot(2, scales, None)
+
+def QuantizedLinearNodeAddBiases(builder, biases):
+    builder.PrependInt32Slot(3, biases, None)
+
+def QuantizedLinearNodeAddBias(builder, bias):
+    builder.PrependInt32Slot(4, bias, None)
+
+def QuantizedLinearNodeAddOut(builder, out):
+    builder.PrependInt32Slot(5, out, None)
+
+def QuantizedLinearNodeAddGroupSize(builder, groupSize):
+    builder.PrependInt32Slot(6, groupSize, None)
+
+def QuantizedLinearNodeAddBits(builder, bits):
+    builder.PrependInt32Slot(7, bits, None)
+
+def QuantizedLinearNodeEnd(builder):
+    return builder.EndObject()
+
+
+
+class QuantizedEmbeddingNode(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = QuantizedEmbeddingNode()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsQuantizedEmbeddingNode(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def QuantizedEmbeddingNodeBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x4D\x4C\x58\x47", size_prefixed=size_prefixed)
+
+    # QuantizedEmbeddingNode
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # QuantizedEmbeddingNode
+    def Weight(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # QuantizedEmbeddingNode
+    def Scales(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # QuantizedEmbeddingNode
+    def Biases(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # QuantizedEmbeddingNode
+    def Indices(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # QuantizedEmbeddingNode
+    def Out(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # QuantizedEmbeddingNode
+    def GroupSize(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # QuantizedEmbeddingNode
+    def Bits(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+def QuantizedEmbeddingNodeStart(builder):
+    builder.StartObject(7)
+
+def QuantizedEmbeddingNodeAddWeight(builder, weight):
+    builder.PrependInt32Slot(0, weight, None)
+
+def QuantizedEmbeddingNodeAddScales(builder, scales):
+    builder.PrependInt32Slot(1, scales, None)
+
+def QuantizedEmbeddingNodeAddBiases(builder, biases):
+    builder.PrependInt32Slot(2, biases, None)
+
+def QuantizedEmbeddingNodeAddIndices(builder, indices):
+    builder.PrependInt32Slot(3, indices, None)
+
+def QuantizedEmbeddingNodeAddOut(builder, out):
+    builder.PrependInt32Slot(4, out, None)
+
+def QuantizedEmbeddingNodeAddGroupSize(builder, groupSize):
+    builder.PrependInt32Slot(5, groupSize, None)
+
+def QuantizedEmbeddingNodeAddBits(builder, bits):
+    builder.PrependInt32Slot(6, bits, None)
+
+def QuantizedEmbeddingNodeEnd(builder):
     return builder.EndObject()
 
 

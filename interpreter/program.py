@@ -178,7 +178,7 @@ def _checked(node: ResolvedNode, graph) -> ResolvedNode:
               else bounds.slot_elements)
     guard = None
     op, fields = node.record.op, node.record.fields
-    if op == "EmbeddingNode":
+    if op in ("EmbeddingNode", "QuantizedEmbeddingNode"):
         # The verifier made the vocabulary equal to this table's rows when tokens feed it.
         trusted = fields["indices"] == graph.inputs.get("tokens") and graph.metadata.vocab_size > 0
         guard = None if trusted else ("indices", "weight", 0, False)

@@ -7,8 +7,8 @@ Layout (https://github.com/huggingface/safetensors): 8 bytes little-endian heade
 The reader is strict, because a cache file may come from a stranger: the header is
 bounded, every entry is checked (known dtype, shape of non-negative ints, offsets that
 match the shape), the tensors tile the data section exactly (no gaps, overlaps or
-trailing bytes), and arrays are read-only views of a memory map (nothing is read twice
-into memory).
+trailing bytes), and arrays are read-only views of the file's bytes, read once (never
+memory-mapped: a mapped file truncated by another process kills the reader with SIGBUS).
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import mmap
+import os
 import struct
 
 import numpy as np
+
+from mlxgraph.schema.file_source import open_regular
 
 MAX_HEADER_BYTES = 16 << 20
 _DTYPES = {
@@ -53,12 +55,10 @@ def write(
     Raises:
         OSError: the file cannot be written.
     """
-    import os
-
     header, offset = {}, 0
     arrays = []
     for name in sorted(tensors):
-        arr = np.ascontiguousarray(tensors[name])
+        arr = np.asarray(tensors[name], order="C")   # (ascontiguousarray makes 0-d 1-d)
         st = (st_dtypes or {}).get(name) or next(
             k for k, v in _DTYPES.items() if np.dtype(v) == arr.dtype
         )
@@ -73,7 +73,7 @@ def write(
     if seal:
         digest = _sealed_digest(meta, header)
         for arr in arrays:
-            digest.update(memoryview(arr).cast("B"))
+            digest.update(_raw_bytes(arr))
         meta[seal] = digest.hexdigest()
     header["__metadata__"] = meta
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -83,8 +83,13 @@ def write(
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for arr in arrays:
-            f.write(memoryview(arr).cast("B"))
+            f.write(_raw_bytes(arr))
     os.replace(tmp, path)
+
+
+def _raw_bytes(arr: np.ndarray) -> memoryview:
+    """A contiguous array's bytes; also for zero-size arrays, which memoryview.cast refuses."""
+    return memoryview(arr.reshape(-1).view(np.uint8))
 
 
 class SafetensorsFile:
@@ -93,12 +98,19 @@ class SafetensorsFile:
 
     def __init__(self, path):
         self.path = path
-        with open(path, "rb") as f:
+        fd, _ = open_regular(path)   # a FIFO or device would block or never end
+        with os.fdopen(fd, "rb") as f:
             size = f.seek(0, 2)
             if size < 8:
                 raise SafetensorsError(f"truncated: {size} bytes, not even a header length")
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        (n,) = struct.unpack("<Q", self._map[:8])
+            # Read, not mapped: a mapped file that shrinks under us (truncated by another
+            # process) would kill this one with SIGBUS on the next access.
+            f.seek(0)
+            self._bytes = f.read(size)
+            if len(self._bytes) != size:
+                raise SafetensorsError(
+                    f"changed while being read: {len(self._bytes)} of {size} bytes")
+        (n,) = struct.unpack("<Q", self._bytes[:8])
         if n > MAX_HEADER_BYTES:
             raise SafetensorsError(f"header length {n} is over the {MAX_HEADER_BYTES}-byte limit")
         if 8 + n > size:
@@ -106,7 +118,7 @@ class SafetensorsFile:
                 f"truncated: the header needs {n} bytes, the file has {size - 8} after its length"
             )
         try:
-            header = json.loads(bytes(self._map[8 : 8 + n]).decode("utf-8"))
+            header = json.loads(bytes(self._bytes[8 : 8 + n]).decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
             raise SafetensorsError(f"header is not JSON ({e})") from None
         if not isinstance(header, dict):
@@ -118,7 +130,7 @@ class SafetensorsFile:
             raise SafetensorsError("__metadata__ must map strings to strings")
         self.metadata = meta
         self._start = 8 + n
-        self.data = memoryview(self._map)[self._start :]
+        self.data = memoryview(self._bytes)[self._start :]
         self.entries = {}
         self._offsets = {}
         spans = []

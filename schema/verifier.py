@@ -21,6 +21,7 @@ from mlxgraph.schema.format import (
 )
 from mlxgraph.schema.verify_bounds import StepBounds, check_bounds
 from mlxgraph.schema.verify_plans import table_plans
+from mlxgraph.schema.verify_quantized import check_quantized
 from mlxgraph.schema.verify_semantics import check_graph
 from mlxgraph.schema.verify_structure import Bad, Walker
 
@@ -198,6 +199,7 @@ def _verify(data, size: int, deep: bool, constants, element_limit) -> VerifyRepo
                                field="segment_offset")
     fixed = check_graph(graph, constants, deep)
     bounds = check_bounds(graph, fixed, element_limit)
+    check_quantized(graph)
     return VerifyReport(
         f"{version[0]}.{version[1]}",
         graph.producer.decode("utf-8", "replace") if graph.producer else "",

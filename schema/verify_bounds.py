@@ -284,7 +284,7 @@ def _check_vocab(g, nodes, specs) -> None:
     vocab = g.metadata.vocab_size if g.metadata is not None else 0
     for i, node in enumerate(nodes):
         code, t = node.op
-        if specs[code].name != "EmbeddingNode" or t.indices != tokens:
+        if not specs[code].name.endswith("EmbeddingNode") or t.indices != tokens:
             continue
         shape = g.tensors[t.weight].shape
         rows = shape[0].size if shape and shape[0].symbol == -1 else None
@@ -294,5 +294,5 @@ def _check_vocab(g, nodes, specs) -> None:
                 "rows of the embedding the tokens feed: the vocabulary check on token ids "
                 "would admit ids past its table",
                 node=i,
-                field="Embedding.weight",
+                field=f"{specs[code].short_name}.weight",
             )

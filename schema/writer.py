@@ -24,7 +24,7 @@ from mlxgraph.schema.format import (
 )
 from mlxgraph.schema.reader import read_file
 from mlxgraph.schema.records import ModelInfo, NodeRecord, Operand, Provenance
-from mlxgraph.schema.spec import op_spec
+from mlxgraph.schema.spec import FieldKind, op_spec
 from mlxgraph.schema.verifier import verify_report
 
 
@@ -129,6 +129,27 @@ class GraphWriter:
         record = NodeRecord(spec.name, dict(fields), provenance or Provenance())
         self.nodes.append(record)
         return record
+
+    def drop_unread_constants(self) -> list:
+        """Drop constants no node reads and no output names (after a rewrite such as
+        quantization replaced their readers); returns the dropped slots. Their tensor
+        slots stay declared (slot numbers never move) and are filled by nothing."""
+        read = {slot for _, slot in self.outputs}
+        for record in self.nodes:
+            for f in op_spec(record.op).inputs:
+                if f.kind is FieldKind.VALUE:
+                    continue  # a value slot, not a tensor
+                value = record.fields.get(f.name)
+                for v in value if isinstance(value, list | tuple) else (value,):
+                    if isinstance(v, Operand):
+                        if v.kind == "tensor":
+                            read.add(v.index)
+                    elif v is not None:
+                        read.add(v)
+        dropped = [slot for slot, _, _ in self.constants if slot not in read]
+        self.constants = [c for c in self.constants if c[0] in read]
+        self._by_content = {k: s for k, s in self._by_content.items() if s in read}
+        return dropped
 
     # ------------------------------------------------------------------ output
     def write(self, path, verify: bool = False) -> dict:

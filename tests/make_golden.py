@@ -27,7 +27,8 @@ def build_sample(seed: int = 0, vocab: int = VOCAB) -> GraphWriter:
 
     Tensor and value slots, Operands of each kind, vector fields, enums, a tied constant,
     UpdateAndAttendNode with and without out_dtype, metadata with a layer cache; from
-    format 1.1 on, attention sinks, logit softcapping and a chunked-attention layer.
+    format 1.1 on, attention sinks, logit softcapping and a chunked-attention layer; from
+    1.2 on, quantized weights (an 8-bit embedding feeding a 4-bit linear with a bias).
     """
     rng = np.random.default_rng(seed)
     w = GraphWriter(producer="mlxgraph-golden")
@@ -140,6 +141,8 @@ def build_sample(seed: int = 0, vocab: int = VOCAB) -> GraphWriter:
     w.add_output("logits", logits)
     w.add_output("total", total)
     w.add_output("attn2", att2)   # 1.1: sinks and softcapping reach an output
+    w.add_output("quantized", _quantized_branch(w, rng, tok, vocab, bias=w.add_constant(
+        "qlin.bias", rng.standard_normal(HIDDEN).astype(np.float32))))  # 1.2
     w.metadata.architecture = "GoldenSample"
     w.metadata.num_layers = 2
     w.metadata.vocab_size = vocab
@@ -152,6 +155,29 @@ def build_sample(seed: int = 0, vocab: int = VOCAB) -> GraphWriter:
     w.metadata.tokenizer = "byte"
     w.metadata.extra = {"license": "test", "seed": str(seed)}
     return w
+
+
+def _quantized_branch(w, rng, tok, vocab, bias) -> int:
+    """tokens -> QuantizedEmbedding (8 bits) -> QuantizedLinear (4 bits, bias); its out slot.
+    Any uint32 words are a valid packing, so the codes are random words."""
+    cols, group = 32, 32
+
+    def triple(name, rows, bits):
+        words = rng.integers(0, 2**32, (rows, cols * bits // 32), dtype=np.uint64)
+        scales = (rng.random((rows, cols // group)) * 0.1).astype(np.float32)
+        biases = (rng.standard_normal((rows, cols // group)) * 0.1).astype(np.float32)
+        return (w.add_constant(f"{name}.q", words.astype(np.uint32)),
+                w.add_constant(f"{name}.scales", scales), w.add_constant(f"{name}.biases", biases))
+
+    emb = triple("qembed", vocab, 8)
+    rows = w.add_tensor("qrows", "float32", (1, "T", cols))
+    w.add_node("QuantizedEmbedding", Provenance("qembed", "model.qembed"), weight=emb[0],
+               scales=emb[1], biases=emb[2], indices=tok, out=rows, group_size=group, bits=8)
+    lin = triple("qlin", HIDDEN, 4)
+    out = w.add_tensor("qout", "float32", (1, "T", HIDDEN))
+    w.add_node("QuantizedLinear", Provenance("qlin", "model.qlin"), x=rows, weight=lin[0],
+               scales=lin[1], biases=lin[2], bias=bias, out=out, group_size=group, bits=4)
+    return out
 
 
 def _jsonable(v):

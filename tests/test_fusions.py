@@ -19,6 +19,7 @@ from torch import nn
 from mlxgraph.exporter import export
 from mlxgraph.exporter.builtins import BUILTINS, make_config
 from mlxgraph.schema.reader import open_graph
+from mlxgraph.schema.spec import op_spec
 
 HIDDEN = 16
 
@@ -40,7 +41,8 @@ class Around(nn.Module):
 def _ops(writer) -> dict:
     out = {}
     for n in writer.nodes:
-        out[n.op[:-4]] = out.get(n.op[:-4], 0) + 1
+        name = op_spec(n.op).short_name
+        out[name] = out.get(name, 0) + 1
     return out
 
 

@@ -163,6 +163,10 @@ EXAMPLES.update(
     RmsNorm=dict(x=_X, weight=_X[0, 0], eps=1e-6), Rope=dict(x=_X, cos=_X[0, 0], sin=_X[0, 0]),
     LayerNorm=dict(x=_X, weight=_X[0, 0], bias=_X[0, 0], eps=1e-5),
     TopK=dict(x=_X, k=2, axis=-1),
+    QuantizedLinear=dict(x=mx.ones((2, 32)), weight=mx.ones((3, 4), mx.uint32),
+                         scales=mx.ones((3, 1)), biases=mx.ones((3, 1)), group_size=32, bits=4),
+    QuantizedEmbedding=dict(weight=mx.ones((3, 4), mx.uint32), scales=mx.ones((3, 1)),
+                            biases=mx.ones((3, 1)), indices=_I, group_size=32, bits=4),
 )
 
 

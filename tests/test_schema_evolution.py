@@ -74,6 +74,8 @@ def incompatibilities(old, new) -> list:
 HISTORY_SHA256 = {
     "1.0.fbs": "bd0fe713d688b8df84af7ac9e78ee3aa2d215c08d4557a824b12923dbcab7de0",
     "1.1.fbs": "fdf05de66de3a693d3f93b5db13b34543cefb56a531a6c6320518e8ee8bbc636",
+    # 1.2 is this session's version: its pin moves with each append until it ships.
+    "1.2.fbs": "b546c8e5ebd30349f8a8fe304ee840b791c20b221d9111fbc700f39db010e503",
 }
 
 
@@ -229,7 +231,10 @@ def test_golden_file_loads_and_runs(golden):
     for name, expected in want["outputs"].items():
         # The same numbers the file gave when its version was released.
         got = np.array(outs[name])
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=name)
+        # float16 outputs agree to their own rounding: the BLAS under MLX (preloaded or
+        # MLX's bundled one) may sum in another order, one float16 ulp apart.
+        tol = 1e-3 if got.dtype == np.float16 else 1e-5
+        np.testing.assert_allclose(got, expected, rtol=tol, atol=tol, err_msg=name)
 
 
 _OLD_READER = """

@@ -21,6 +21,9 @@ from mlxgraph.tools.output import (
 
 # export()'s parameters as this command's flags, for its error messages.
 FLAGS = {"max_seq_len": "--max-seq-len", "dtype": "--dtype"}
+# Quantization options that only mean something with --quantize.
+QUANT_FLAGS = {"group_size": "--group-size", "quantize_embedding": "--quantize-embedding",
+               "quantize_lm_head": "--quantize-lm-head", "quantize_exclude": "--quantize-exclude"}
 INSTALL_HINT = "export needs torch and transformers: pip install 'mlxgraph[export]'"
 
 
@@ -42,6 +45,19 @@ def add_arguments(parser) -> None:
         help="the most tokens one step may carry, and the recorded max context "
         "(default: 2048, or the model's max_position_embeddings when smaller)",
     )
+    quant = parser.add_argument_group("quantized weights (format 1.2)")
+    quant.add_argument("--quantize", choices=["q8", "q4"], default=None,
+                       help="store Linear and embedding weights at 8 or 4 bits, group-wise "
+                       "affine (MLX's layout); default: every weight in --dtype")
+    quant.add_argument("--group-size", type=int, choices=[32, 64, 128], default=None,
+                       help="weights per scale and bias (default 64)")
+    quant.add_argument("--quantize-embedding", choices=["q8", "q4", "float"], default=None,
+                       help="the token embedding's precision (default: as --quantize)")
+    quant.add_argument("--quantize-lm-head", choices=["q8", "q4", "float"], default=None,
+                       help="the output projection's precision (default: as --quantize)")
+    quant.add_argument("--quantize-exclude", action="append", default=[], metavar="PATTERN",
+                       help="keep modules whose path matches PATTERN (fnmatch, e.g. "
+                       "'layers.0.*') in float; repeatable")
     parser.add_argument("--allow-nonfinite", action="store_true",
                         help="export weights holding NaN or infinity (refused by default)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -58,6 +74,12 @@ def _summary(stats: dict) -> str:
         f"  constants  {stats['constants']} ({human_bytes(stats['constant_bytes'])})",
         f"  max T      {stats['max_seq_len']}",
     ]
+    q = stats.get("quantization")
+    if q:
+        done = ", ".join(f"{k} {v}" for k, v in q["nodes"].items() if v)
+        lines.append(f"  quantized  {q['mode']}, group size {q['group_size']}: {done} "
+                     f"(embedding {q['embedding']}, lm_head {q['lm_head']})")
+        lines += [f"  kept float {k}" for k in q["kept_float"]]
     return "\n".join(lines)
 
 
@@ -66,6 +88,11 @@ def run(args) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model name is never a download
     if args.max_seq_len is not None and args.max_seq_len < 2:
         return fail(f"export: --max-seq-len must be at least 2, got {args.max_seq_len}")
+    if args.quantize is None:
+        given = [flag for name, flag in QUANT_FLAGS.items()
+                 if getattr(args, name) not in (None, [])]
+        if given:
+            return fail(f"export: {given[0]} needs --quantize q8|q4")
     try:
         import torch  # noqa: F401 - first: transformers without torch prints its own warning
         from transformers.utils import logging as hf_logging
@@ -77,6 +104,7 @@ def run(args) -> int:
             UnsupportedOpsError,
             export,
         )
+        from mlxgraph.exporter.quantize import DEFAULT_GROUP_SIZE, QuantizeRecipe
     except ImportError as e:
         if e.name and e.name.split(".")[0] in ("torch", "transformers", "safetensors"):
             return fail(INSTALL_HINT)
@@ -97,6 +125,9 @@ def run(args) -> int:
             max_seq_len=args.max_seq_len,
             progress=progress,
             allow_nonfinite=args.allow_nonfinite,
+            quantize=None if args.quantize is None else QuantizeRecipe(
+                args.quantize, args.group_size or DEFAULT_GROUP_SIZE, args.quantize_embedding,
+                args.quantize_lm_head, tuple(args.quantize_exclude)),
         )
     except ExportError as e:
         return fail(f"export: {e.message_for(FLAGS)}")

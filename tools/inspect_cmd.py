@@ -117,6 +117,14 @@ def constant_bytes(graph) -> dict:
     }
 
 
+def quantized_groups(graph) -> list:
+    """Quantized nodes grouped by op, bits and group size: [{op, bits, group_size, nodes}]."""
+    groups = Counter((short_name(n.op), n.fields["bits"], n.fields["group_size"])
+                     for n in graph.nodes if n.op.startswith("Quantized"))
+    return [{"op": op, "bits": bits, "group_size": gs, "nodes": count}
+            for (op, bits, gs), count in sorted(groups.items())]
+
+
 def summary(graph, path) -> dict:
     """Everything inspect shows without --nodes/--constants, as a JSON-ready dict."""
     m = graph.metadata
@@ -157,6 +165,7 @@ def summary(graph, path) -> dict:
         },
         "constant_bytes": constant_bytes(graph),
         "ops": dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "quantized": quantized_groups(graph),
     }
 
 
@@ -229,3 +238,7 @@ def print_summary(doc, version: str) -> None:
     else:
         print(f"{'duplicates':<12}none")
     print(*_wrap("ops", [f"{k} {v}" for k, v in doc["ops"].items()] or ["-"]), sep="\n")
+    if doc["quantized"]:
+        items = [f"{q['op']} {q['nodes']}x {q['bits']}-bit group {q['group_size']};"
+                 for q in doc["quantized"]]
+        print(*_wrap("quantized", [*items[:-1], items[-1][:-1]]), sep="\n")

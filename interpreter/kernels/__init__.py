@@ -26,7 +26,7 @@ class Kernel:
 
 
 OP_MODULES = ("elementwise", "reductions", "linalg", "layout", "creation", "symbolic", "fused",
-              "attention", "selection")
+              "attention", "selection", "quantized")
 KERNELS = LazyRegistry(__name__, OP_MODULES)
 
 

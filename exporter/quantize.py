@@ -1,0 +1,175 @@
+"""Quantized weights at export: a lowered graph's Linear and Embedding nodes of constant
+weights rewritten to QuantizedLinear / QuantizedEmbedding nodes (format 1.2).
+
+The layout is MLX's ``mx.quantize`` (schema/mlxgraph.fbs, docs/architecture.md#quantized-
+weights): per row, groups of ``group_size`` weights share a scale and a bias (affine,
+min/max), codes of ``bits`` bits packed into uint32 words, the first in the lowest bits.
+The recipe (bits, group size, the embedding's and LM head's own precision, module
+exclusions) is recorded in the file's metadata (``extra["quantization"]``, JSON).
+"""
+
+import json
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+
+import numpy as np
+import torch
+
+from mlxgraph.exporter.errors import ExportError
+from mlxgraph.schema.dtypes import dtype_info
+from mlxgraph.schema.records import NodeRecord
+
+MODES = {"q8": 8, "q4": 4}
+GROUP_SIZES = (32, 64, 128)
+DEFAULT_GROUP_SIZE = 64
+# The module path of the output projection in a *ForCausalLM (the adapter strips "model.").
+LM_HEAD = "lm_head"
+
+
+@dataclass(frozen=True)
+class QuantizeRecipe:
+    """What to quantize and how.
+
+    Attributes:
+        mode: 'q8' or 'q4', the default precision of every Linear of a constant weight.
+        group_size: weights per scale and bias (32, 64 or 128).
+        embedding: the token embedding's precision: 'q8', 'q4', 'float' or None (= mode).
+        lm_head: the output projection's precision, likewise.
+        exclude: module-path patterns (fnmatch, e.g. 'layers.0.*') kept in float.
+    """
+
+    mode: str
+    group_size: int = DEFAULT_GROUP_SIZE
+    embedding: str | None = None
+    lm_head: str | None = None
+    exclude: tuple = field(default_factory=tuple)
+
+    def check(self) -> None:
+        """Raises ExportError naming the option when a value is out of its domain."""
+        if self.mode not in MODES:
+            raise ExportError(f"unknown quantization {self.mode!r}: choose q8 or q4", "quantize")
+        if self.group_size not in GROUP_SIZES:
+            raise ExportError(
+                f"group size {self.group_size} is not one of {', '.join(map(str, GROUP_SIZES))}",
+                "group_size",
+            )
+        for name in ("embedding", "lm_head"):
+            value = getattr(self, name)
+            if value is not None and value not in (*MODES, "float"):
+                raise ExportError(
+                    f"{name} precision {value!r}: choose q8, q4 or float", f"quantize_{name}"
+                )
+
+    def precision(self, op: str, module: str) -> str:
+        """'q8', 'q4' or 'float' for a node of ``op`` from ``module``."""
+        if any(fnmatchcase(module, pattern) for pattern in self.exclude):
+            return "float"
+        if op == "EmbeddingNode":
+            return self.embedding or self.mode
+        if module == LM_HEAD:
+            return self.lm_head or self.mode
+        return self.mode
+
+
+def quantize_weight(w: torch.Tensor, bits: int, group_size: int):
+    """(packed uint32 [N, K*bits/32], scales [N, K/g], biases [N, K/g]) of a [N, K] weight.
+
+    Scales and biases keep w's dtype; codes are computed against the rounded scale and
+    bias, so the dequantized weight is the nearest the stored parameters can express.
+
+    Raises:
+        ValueError: w is not 2-D, or K is not a multiple of group_size.
+    """
+    if w.ndim != 2 or w.shape[1] % group_size:
+        raise ValueError(f"cannot quantize a weight of shape {tuple(w.shape)} in groups of "
+                         f"{group_size}")
+    rows, cols = w.shape
+    levels = 2**bits - 1
+    groups = w.detach().to(torch.float32).reshape(rows, cols // group_size, group_size)
+    lo, hi = groups.amin(-1), groups.amax(-1)
+    scales = ((hi - lo) / levels).to(w.dtype)
+    biases = lo.to(w.dtype)
+    scale32, bias32 = scales.to(torch.float32), biases.to(torch.float32)
+    safe = torch.where(scale32 == 0, torch.ones_like(scale32), scale32)
+    codes = torch.round((groups - bias32[..., None]) / safe[..., None]).clamp_(0, levels)
+    per_word = 32 // bits
+    codes = codes.to(torch.int64).reshape(rows, cols // per_word, per_word)
+    shifts = torch.arange(per_word, dtype=torch.int64) * bits
+    packed = (codes << shifts).sum(-1).numpy().astype(np.uint32)
+    return packed, scales, biases
+
+
+def _as_torch(data: np.ndarray, dtype: str) -> torch.Tensor:
+    if dtype == "bfloat16":
+        return torch.from_numpy(data.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(np.array(data))
+
+
+def _as_numpy(t: torch.Tensor):
+    """(array, dtype name) for GraphWriter.add_constant (bfloat16 as its bit pattern)."""
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(np.uint16), "bfloat16"
+    return t.contiguous().numpy(), str(t.numpy().dtype)
+
+
+def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
+    """Rewrite ``writer``'s Linear and Embedding nodes of constant float weights in place.
+
+    A weight whose row length is not a multiple of the group size stays in float (and
+    is listed). Float constants no longer read by any node are dropped.
+
+    Returns:
+        the record stored in metadata extra["quantization"] (also returned for stats).
+    Raises:
+        ExportError: the recipe is invalid.
+    """
+    recipe.check()
+    constants = {slot: data for slot, data, _ in writer.constants}
+    quantized, kept = {}, []
+    counts = {"q8": 0, "q4": 0, "float": 0}
+    for i, node in enumerate(writer.nodes):
+        if node.op not in ("LinearNode", "EmbeddingNode"):
+            continue
+        slot = node.fields.get("weight")
+        name, code, shape = writer.tensors[slot]
+        if slot not in constants or code is None or not dtype_info(code).is_float:
+            continue
+        module = node.provenance.module_path
+        precision = recipe.precision(node.op, module)
+        if precision != "float" and (len(shape) != 2 or shape[1] % recipe.group_size):
+            kept.append(f"{module or name} (in_features {shape[-1]} is not a multiple of "
+                        f"{recipe.group_size})")
+            precision = "float"
+        counts[precision] += 1
+        if precision == "float":
+            continue
+        bits = MODES[precision]
+        key = (slot, bits)
+        if key not in quantized:
+            w = _as_torch(constants[slot], dtype_info(code).name)
+            packed, scales, biases = quantize_weight(w, bits, recipe.group_size)
+            quantized[key] = (
+                writer.add_constant(f"{name}.q{bits}", packed, "uint32"),
+                writer.add_constant(f"{name}.scales{bits}", *_as_numpy(scales)),
+                writer.add_constant(f"{name}.biases{bits}", *_as_numpy(biases)),
+            )
+        packed_slot, scales_slot, biases_slot = quantized[key]
+        fields = dict(node.fields, weight=packed_slot, scales=scales_slot, biases=biases_slot,
+                      group_size=recipe.group_size, bits=bits)
+        writer.nodes[i] = NodeRecord("Quantized" + node.op, fields, node.provenance)
+    writer.drop_unread_constants()
+    record = {
+        "mode": recipe.mode,
+        "group_size": recipe.group_size,
+        "embedding": recipe.embedding or recipe.mode,
+        "lm_head": recipe.lm_head or recipe.mode,
+        "exclude": list(recipe.exclude),
+        "nodes": counts,
+        "kept_float": kept,
+    }
+    writer.metadata.extra["quantization"] = json.dumps(record, sort_keys=True)
+    return record
+
+
+__all__ = ["QuantizeRecipe", "quantize_graph", "quantize_weight", "MODES",
+           "GROUP_SIZES", "DEFAULT_GROUP_SIZE"]
