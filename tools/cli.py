@@ -34,6 +34,7 @@ COMMANDS = {
     ),
     "generate": ("generate_cmd", "generate text with a graph file"),
     "chat": ("chat_cmd", "chat with a graph file (its chat template), one session across turns"),
+    "serve": ("serve_cmd", "an OpenAI-compatible HTTP server over a graph file, many sessions"),
     "inspect": ("inspect_cmd", "summarise a graph file: metadata, ops, nodes, constants"),
     "verify": ("verify_cmd", "check a graph file (exit 0 valid, 1 invalid)"),
     "diff": ("diff_cmd", "aligned node-stream diff of two graph files (exit 0 same, 1 different)"),
