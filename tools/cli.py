@@ -18,7 +18,7 @@ ESCAPED = ("inspect", "diff", "compare", "verify")
 
 # exit code -> meaning, for every command.
 EXIT_CODES = {
-    0: "success: done, valid, same, no divergence",
+    0: "success: done, valid, same, no divergence, serve stopped by SIGTERM",
     1: "a negative answer: verify found the file invalid, diff found a difference, compare a "
        "divergence, export a model it cannot export",
     2: "bad usage or bad input: an unknown option, a missing or unreadable file, bad token ids",

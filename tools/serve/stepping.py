@@ -121,7 +121,8 @@ class Stepper:
             reason = "length"
         job.post(("token", text, token, _logprob(job.y_logprob)))
         if reason is None:
-            job.y, job.y_logprob, job.ahead, job.ahead_logprob = job.ahead, job.ahead_logprob, None, None
+            job.y, job.y_logprob = job.ahead, job.ahead_logprob
+            job.ahead = job.ahead_logprob = None
             return None
         if job.ahead is not None:
             job.session.trim(1)  # the step fed after the last token is not history
