@@ -14,11 +14,11 @@ export HF_HUB_OFFLINE := 1
 # setup.py builds the optional C BLAS router (interpreter/native/blas_router.c) in place.
 $(STAMP): pyproject.toml setup.py interpreter/native/blas_router.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[export,dev]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[export,dev,serve]"
 	touch $(STAMP)
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[export,dev,bench]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[export,dev,serve,bench]"
 	touch $(BENCH_STAMP)
 
 venv: $(STAMP)

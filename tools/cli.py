@@ -18,7 +18,7 @@ ESCAPED = ("inspect", "diff", "compare", "verify")
 
 # exit code -> meaning, for every command.
 EXIT_CODES = {
-    0: "success: done, valid, same, no divergence",
+    0: "success: done, valid, same, no divergence, serve stopped by SIGTERM",
     1: "a negative answer: verify found the file invalid, diff found a difference, compare a "
        "divergence, export a model it cannot export",
     2: "bad usage or bad input: an unknown option, a missing or unreadable file, bad token ids",
@@ -34,6 +34,7 @@ COMMANDS = {
     ),
     "generate": ("generate_cmd", "generate text with a graph file"),
     "chat": ("chat_cmd", "chat with a graph file (its chat template), one session across turns"),
+    "serve": ("serve_cmd", "an OpenAI-compatible HTTP server over a graph file, many sessions"),
     "inspect": ("inspect_cmd", "summarise a graph file: metadata, ops, nodes, constants"),
     "verify": ("verify_cmd", "check a graph file (exit 0 valid, 1 invalid)"),
     "diff": ("diff_cmd", "aligned node-stream diff of two graph files (exit 0 same, 1 different)"),

@@ -1,0 +1,70 @@
+"""One request inside the scheduler: what was asked, where it stands, and its event channel.
+
+The event loop creates a Job and reads its events; the scheduler thread fills in the run
+state (session, lazy next token, tokens so far) and posts events. The only field both
+threads write is ``cancelled`` (set by the event loop, read by the scheduler), a plain bool.
+
+Events, in order: ``("token", text, token_id, logprob)`` per generated token (``text`` the
+text it completed, maybe ''; ``logprob`` None or (logprob, [(id, logprob), ...])), then one
+``("done", finish_reason, usage)`` or ``("error", status, message)``.
+"""
+
+import itertools
+import time
+
+_ids = itertools.count(1)
+
+
+class Job:
+    """A generation request.
+
+    Args:
+        ids: the prompt's token ids (at least one).
+        max_tokens: the most tokens to generate (the scheduler may lower it to the capacity).
+        sampling: Sampler keywords (temperature, top_k, top_p, min_p, repetition_penalty, seed).
+        stop: stop strings; stop_ids: token ids that end generation.
+        logprobs: None, or how many top alternatives to report per token (0: the chosen only).
+        post: ``fn(event)`` the scheduler calls (from its thread) to deliver an event.
+    """
+
+    def __init__(self, ids, max_tokens, sampling, stop=(), stop_ids=(), logprobs=None,
+                 post=None):
+        self.number = next(_ids)
+        self.ids = list(ids)
+        self.max_tokens = int(max_tokens)
+        self.sampling = dict(sampling)
+        self.stop, self.stop_ids, self.logprobs = tuple(stop), frozenset(stop_ids), logprobs
+        self.post = post or (lambda event: None)
+        self.cancelled = False
+        self.submitted = time.perf_counter()
+        # Run state, the scheduler thread's only.
+        self.session = None
+        self.fed = 0  # prompt tokens in the session
+        self.cached = 0  # of those, taken from a kept session
+        self.limit = self.max_tokens
+        self.sampler = self.decoder = self.stops = None
+        self.y = self.y_logprob = None  # the lazy next token (and its log-probabilities)
+        self.ahead = self.ahead_logprob = None  # the step queued after y
+        self.tokens = []
+
+    @property
+    def decoding(self) -> bool:
+        """True once the prompt is in and tokens are coming."""
+        return self.y is not None
+
+    def usage(self) -> dict:
+        """OpenAI's usage block, with the prompt tokens a kept session supplied."""
+        return {
+            "prompt_tokens": len(self.ids),
+            "completion_tokens": len(self.tokens),
+            "total_tokens": len(self.ids) + len(self.tokens),
+            "prompt_tokens_details": {"cached_tokens": self.cached},
+        }
+
+    def release(self) -> None:
+        """Drop the run state (the session's memory goes with it)."""
+        self.session = self.sampler = self.y = self.y_logprob = None
+        self.ahead = self.ahead_logprob = None
+
+
+__all__ = ["Job"]

@@ -1,0 +1,150 @@
+"""One scheduler round in MLX: prefill chunks and pipelined decode steps of many sessions.
+
+A job's prompt goes in as ``tools/generation.py`` feeds it (all but the last token in
+``chunk``-token steps, then the last token, whose logits give the first new token), and
+its decode is pipelined the same way: the step after token t is built on the still-lazy
+token t and evaluated with the round, before the host reads token t. The step fed after a
+job's last token is rewound when the job ends. Imported in the scheduler thread only.
+"""
+
+import mlx.core as mx
+
+from mlxgraph.tools.sampling import make_sampler
+from mlxgraph.tools.stop_text import StopText
+
+
+class Stepper:
+    """Runs rounds over a list of jobs.
+
+    Args:
+        chunk: prompt tokens per prefill step; also about the most prompt tokens one round
+            prefills (one job's chunk is never split, so the split matches ``generate``).
+    """
+
+    def __init__(self, chunk: int):
+        self.chunk = int(chunk)
+
+    def begin(self, job, session, reused: int, info) -> None:
+        """Attach a session holding ``reused`` prompt tokens and set up sampling and text.
+
+        Raises:
+            ValueError: a bad sampling setting.
+        """
+        job.session, job.fed, job.cached = session, reused, reused
+        room = session.capacity - len(job.ids) + 1 if info.full_attention else job.max_tokens
+        job.limit = max(1, min(job.max_tokens, room))
+        job.sampler = make_sampler(**job.sampling)
+        job.sampler.begin(job.ids)
+        tok = info.tokenizer
+        job.decoder = tok.stream_decoder(job.ids) if tok is not None else None
+        job.stops = StopText(job.stop)
+
+    def round(self, jobs) -> list:
+        """One round over ``jobs``; returns [(job, finish reason or Exception)] of those that
+        ended (their sessions hold prompt + tokens but the last)."""
+        decoding = [j for j in jobs if j.decoding]
+        work, ended = [], []
+        budget = self.chunk
+        for job in jobs:
+            if job.decoding or budget <= 0:
+                continue
+            try:
+                budget -= self._prefill(job, work)
+            except Exception as e:  # noqa: BLE001 - this job's step failed; others go on
+                ended.append((job, e))
+        for job in decoding:
+            if len(job.tokens) + 1 < job.limit:
+                try:
+                    job.ahead, job.ahead_logprob = self._sample(job, job.y.reshape(1, 1))
+                    work += [job.ahead] + list(job.ahead_logprob or ())
+                except Exception as e:  # noqa: BLE001
+                    ended.append((job, e))
+        mx.async_eval(work)
+        failed = {id(j) for j, _ in ended}
+        for job in decoding:
+            if id(job) in failed:
+                continue
+            try:
+                reason = self._deliver(job)
+            except Exception as e:  # noqa: BLE001
+                ended.append((job, e))
+                continue
+            if reason is not None:
+                ended.append((job, reason))
+        return ended
+
+    def _prefill(self, job, work) -> int:
+        """Feed the job's next prompt chunk (and, once the body is in, its last token)."""
+        body = len(job.ids) - 1
+        fed = 0
+        if job.fed < body:
+            piece = job.ids[job.fed : min(job.fed + self.chunk, body)]
+            start = job.session.length
+            job.session.step(mx.array([piece], dtype=mx.int32),
+                             range(start, start + len(piece)))
+            job.fed += len(piece)
+            fed = len(piece)
+            work += job.session.cache_state()
+        if job.fed == body:
+            job.y, job.y_logprob = self._sample(job, mx.array([job.ids[-1:]], dtype=mx.int32))
+            job.fed += 1
+            work += [job.y] + list(job.y_logprob or ())
+            fed += 1
+        return fed
+
+    def _sample(self, job, tokens):
+        """The lazy next token after feeding ``tokens`` [1, T], and its log-probabilities."""
+        session = job.session
+        start = session.length
+        logits = session.step(tokens, range(start, start + tokens.shape[1]))[:, -1, :]
+        token = job.sampler(logits)
+        if job.logprobs is None:
+            return token, None
+        logp = logits.astype(mx.float32)
+        logp = logp - mx.logsumexp(logp, axis=-1, keepdims=True)
+        chosen = mx.take_along_axis(logp, token.reshape(1, 1).astype(mx.int32), axis=-1)
+        k = min(job.logprobs, logp.shape[-1])
+        if k == 0:
+            return token, (chosen,)
+        top = mx.argpartition(-logp, k - 1, axis=-1)[:, :k]
+        return token, (chosen, top, mx.take_along_axis(logp, top, axis=-1))
+
+    def _deliver(self, job):
+        """Read the job's token, post it, and return a finish reason when the job ends."""
+        token = int(job.y.item())
+        job.tokens.append(token)
+        text, hit = job.stops.feed(job.decoder.add(token) if job.decoder is not None else "")
+        reason = None
+        if hit or token in job.stop_ids:
+            reason = "stop"
+        elif len(job.tokens) >= job.limit:
+            reason = "length"
+        job.post(("token", text, token, _logprob(job.y_logprob)))
+        if reason is None:
+            job.y, job.y_logprob = job.ahead, job.ahead_logprob
+            job.ahead = job.ahead_logprob = None
+            return None
+        if job.ahead is not None:
+            job.session.trim(1)  # the step fed after the last token is not history
+        else:
+            job.session.check()  # the last steps' index checks (interpreter/index_guard.py)
+        tail = "" if hit else (job.decoder.flush() if job.decoder is not None else "")
+        tail, tail_hit = job.stops.feed(tail) if not hit else ("", True)
+        tail += "" if tail_hit else job.stops.flush()
+        if tail:
+            job.post(("token", tail, None, None))
+        return reason
+
+
+def _logprob(lp):
+    """(chosen logprob, [(id, logprob), ...] best first) from the evaluated arrays, or None."""
+    if lp is None:
+        return None
+    chosen = float(lp[0].item())
+    if len(lp) == 1:
+        return chosen, []
+    ids, vals = lp[1].tolist()[0], lp[2].tolist()[0]
+    return chosen, sorted(zip(ids, vals), key=lambda p: -p[1])
+
+
+__all__ = ["Stepper"]
