@@ -147,3 +147,13 @@ class PipelineLink:
                 "utf-8", "replace")
             out.append((int(r[0]), tuple(int(f) for f in r[1:_FIELDS - 1]), text))
         return out
+
+    def gather(self, values) -> list:
+        """Every rank's ``values`` (a list of ints below 2**62), in rank order: e.g. the peak
+        memory of each rank, or rank 0's sampling seed."""
+        mine = mx.array([int(v) for v in values], dtype=mx.int64)
+        if self.size == 1:
+            return [[int(v) for v in values]]
+        everyone = mx.distributed.all_gather(mine, group=self.group)
+        self.wait(everyone, "gathering a value from every rank")
+        return np.array(everyone).reshape(self.size, -1).tolist()

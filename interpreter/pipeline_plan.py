@@ -17,7 +17,7 @@ layers' KV stores it holds, and which tensor slots cross each cut. docs/architec
   the final norm and LM head in the last).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mlxgraph.interpreter.node_plan import TENSOR, TENSOR_LIST, VALUE
 from mlxgraph.schema.errors import GraphFormatError
@@ -30,7 +30,8 @@ class StagePlan:
     ``nodes``: node indices in stream order; ``constants``: tensor slots of the constants it
     loads; ``layers``: the layer_ids whose KV stores it holds; ``receives`` / ``sends``: the
     tensor slots that arrive from the previous stage and leave for the next, in the order
-    they travel; ``weight_bytes``: the bytes of its constants.
+    they travel; ``weight_bytes``: the bytes of its constants; ``stage_weight_bytes``:
+    every stage's (rank order).
     """
 
     rank: int
@@ -41,6 +42,7 @@ class StagePlan:
     receives: tuple
     sends: tuple
     weight_bytes: int
+    stage_weight_bytes: tuple = ()
 
     @property
     def is_last(self) -> bool:
@@ -116,7 +118,8 @@ def plan_stages(graph, nodes, size: int) -> tuple:
                                _crossing(graph, last_read, io, replicable, hi)
                                if rank < size - 1 else (),
                                sum(sizes[s] for s in consts)))
-    return tuple(plans)
+    weights = tuple(p.weight_bytes for p in plans)
+    return tuple(replace(p, stage_weight_bytes=weights) for p in plans)
 
 
 def _last_reads(io, replicable, outputs, end) -> dict:
