@@ -6,13 +6,8 @@ whole process group is killed afterwards, whatever happened.
 """
 
 import json
-import os
-import random
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,73 +16,27 @@ import pytest
 
 import mlxgraph
 from mlxgraph.interpreter.pipeline_plan import plan_stages
+from mlxgraph.tools.cli import main
+from mlxgraph.tools.local_ranks import run_local_ranks
 from mlxgraph.tools.synthetic import llama
 
 WORKER = Path(pipeline_worker.__file__)
 LAUNCH_DEADLINE = 90  # seconds: the most one launch may take before it is killed
 
 
-def free_ports(n: int) -> int:
-    """The first of ``n`` consecutive loopback ports free now (mlx.launch numbers the ranks'
-    ports from --starting-port; other test runs may share this machine)."""
-    for _ in range(200):
-        base = random.randrange(20000, 60000 - n)
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free loopback ports")
-
-
-def launch(n: int, *command, deadline=LAUNCH_DEADLINE) -> tuple:
-    """Run ``command`` on ``n`` local ranks with ``mlx.launch``; (seconds, stdout, stderr).
-    The launcher and every rank share a new process group, killed at the end."""
-    launcher = Path(sys.executable).with_name("mlx.launch")
-    cmd = [str(launcher), "-n", str(n), "--starting-port", str(free_ports(n)), "--", *command]
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=deadline)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{n} ranks still running after {deadline} s: {err.decode()[-2000:]}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # any rank the launcher left behind
-        except ProcessLookupError:
-            pass
-    return time.monotonic() - t0, out.decode(), err.decode()
-
-
 def run_worker(tmp_path, graph, n, mode="schedule", timeout=30.0) -> tuple:
     """Launch the worker on ``n`` ranks; ({rank: its json}, seconds, stderr)."""
-    seconds, _, err = launch(n, sys.executable, str(WORKER), str(graph), str(tmp_path), mode,
-                             str(timeout))
+    run = run_local_ranks(n, [sys.executable, WORKER, graph, tmp_path, mode, timeout],
+                          LAUNCH_DEADLINE)
+    assert not run.timed_out, f"{n} ranks still running after {LAUNCH_DEADLINE} s"
     docs = {}
     for r in range(n):
         f = tmp_path / f"rank{r}.json"
         if f.exists():
             docs[r] = json.loads(f.read_text())
-    return docs, seconds, err
+    return docs, run.seconds, run.stderr
 
 
-def reference(graph, out_dir) -> list:
-    """The worker's schedule on one ordinary session, every step's tokens and logits, run
-    in a fresh process like the ranks (this one computes with MLX's bundled BLAS, since mlx
-    was imported before mlxgraph.load: its float32 roundings differ)."""
-    subprocess.run([sys.executable, str(WORKER), str(graph), str(out_dir), "reference", "0"],
-                   check=True, timeout=LAUNCH_DEADLINE, stdin=subprocess.DEVNULL)
-    return json.loads((out_dir / "reference.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +48,13 @@ def graph(tmp_path_factory):
     return path
 
 
-def check_ranks(tmp_path, graph, n, ref):
-    """Run the schedule on ``n`` ranks: the tokens of ``ref``, its logits within 1e-5, every
-    layer on one rank, each rank loading only its stage's weights, one rejected step."""
+def check_ranks(tmp_path, graph, n):
+    """Run the schedule on ``n`` ranks: the tokens and logits (within 1e-5) of the schedule
+    on one ordinary session, every layer on one rank, each rank loading only its stage's
+    weights, one step rejected on every rank."""
     docs, _, err = run_worker(tmp_path, graph, n)
     assert sorted(docs) == list(range(n)), f"a rank wrote no result: {err[-3000:]}"
+    ref = json.loads((tmp_path / "reference.json").read_text())
     for rank, doc in docs.items():
         assert doc["error"] is None
         steps = doc["steps"]
@@ -122,12 +73,12 @@ def check_ranks(tmp_path, graph, n, ref):
 
 
 def test_two_ranks_match_one_process(tmp_path, graph):
-    check_ranks(tmp_path, graph, 2, reference(graph, tmp_path))
+    check_ranks(tmp_path, graph, 2)
 
 
 @pytest.mark.slow
 def test_three_ranks_match_one_process(tmp_path, graph):
-    check_ranks(tmp_path, graph, 3, reference(graph, tmp_path))
+    check_ranks(tmp_path, graph, 3)
 
 
 @pytest.mark.slow
@@ -146,10 +97,9 @@ def test_exported_models_on_two_and_three_ranks(tmp_path, model):
         build_model(config, seed=3).save_pretrained(source)
     graph = tmp_path / f"{model}.mlxg"
     export(str(source), graph)
-    ref = reference(graph, tmp_path)
     for n in (2, 3):
         (tmp_path / str(n)).mkdir()
-        docs = check_ranks(tmp_path / str(n), graph, n, ref)
+        docs = check_ranks(tmp_path / str(n), graph, n)
         print(f"{model}: {n} ranks, weights {[d['weight_bytes'] for d in docs.values()]}, "
               f"peak MLX memory {[d['peak_memory_bytes'] for d in docs.values()]}")
 
@@ -202,3 +152,27 @@ def test_one_rank_pipeline_is_the_plain_session(graph):
             refused()
     with pytest.raises(ValueError, match="pipeline timeout"):
         mlxgraph.load(graph, pipeline=True, pipeline_timeout=0)
+
+
+def test_generate_pipeline_command(tmp_path, graph):
+    """`mlxgraph generate --pipeline` on 2 ranks: one JSON document (rank 0's), the greedy
+    tokens of the single-process command, the weights and peak memory of each rank."""
+    args = ["generate", graph, "--prompt-ids", "1,2,3,4", "--max-tokens", "12", "--ignore-eos",
+            "--json"]
+    single = subprocess.run([sys.executable, "-m", "mlxgraph.tools", *map(str, args)],
+                            capture_output=True, text=True, timeout=LAUNCH_DEADLINE, check=True)
+    run = run_local_ranks(2, [sys.executable, "-m", "mlxgraph.tools", *args, "--pipeline"],
+                          LAUNCH_DEADLINE)
+    doc = json.loads(run.stdout)  # exactly one document: the other rank prints nothing
+    assert doc["token_ids"] == json.loads(single.stdout)["token_ids"]
+    pipe = doc["pipeline"]
+    assert pipe["ranks"] == 2 and len(pipe["peak_memory_bytes"]) == 2
+    assert sum(pipe["weight_bytes"]) > sum(c.length for c in mlxgraph.load(graph).graph.constants)
+
+
+def test_generate_pipeline_refusals(tmp_path, graph, capsys):
+    args = ["generate", str(graph), "--prompt-ids", "1,2", "--pipeline"]
+    assert main([*args, "--prompt-cache", str(tmp_path / "c")]) == 2
+    assert "--prompt-cache cannot be used with --pipeline" in capsys.readouterr().err
+    assert main([*args, "--pipeline-timeout", "0"]) == 2
+    assert "--pipeline-timeout must be a positive number" in capsys.readouterr().err
