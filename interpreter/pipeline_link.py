@@ -11,10 +11,11 @@ deadline, with one line on stderr; its sockets close and every other rank then s
 """
 
 import os
+import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import mlx.core as mx
 import numpy as np
@@ -45,13 +46,37 @@ def connect(pipeline, timeout=None) -> "PipelineLink":
         raise ValueError(f"pipeline must be True or an mx.distributed.Group, got {pipeline!r}")
     launched = "MLX_RANK" in os.environ or "MLX_HOSTFILE" in os.environ
     rank = os.environ.get("MLX_RANK", "?")
-    with Watchdog(rank, float(timeout)).armed("connecting the ring (mx.distributed.init)"):
+    with _outside_watch(rank, float(timeout)) if launched else nullcontext():
         try:
             group = mx.distributed.init(strict=launched, backend="ring")
         except RuntimeError as e:
             raise PipelineError(f"rank {rank}: cannot set up the ring backend: {e} (start the "
                                 "ranks with mlx.launch; docs/pipeline.md)") from None
     return PipelineLink(group, float(timeout))
+
+
+# The watcher of a connect: exits when its stdin closes, else tells why and ends the rank.
+_WATCH = """import os, select, signal, sys
+pid, timeout, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+if not select.select([sys.stdin], [], [], timeout)[0]:
+    sys.stderr.write(message + "\\n"); sys.stderr.flush(); os.kill(pid, signal.SIGTERM)
+"""
+
+
+@contextmanager
+def _outside_watch(rank, timeout: float):
+    """Like Watchdog.armed, from another process: MLX holds Python's lock while the ring
+    connects, so no thread of this process could run if a peer never comes up."""
+    message = (f"mlxgraph: pipeline rank {rank}: could not connect the ring in {timeout:g} s "
+               "(a rank did not start, or a host or port in the host file is unreachable); "
+               "ending this rank")
+    watcher = subprocess.Popen([sys.executable, "-c", _WATCH, str(os.getpid()), str(timeout),
+                                message], stdin=subprocess.PIPE)
+    try:
+        yield
+    finally:
+        watcher.stdin.close()
+        watcher.wait()
 
 
 class Watchdog:

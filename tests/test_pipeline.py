@@ -6,6 +6,7 @@ whole process group is killed afterwards, whatever happened.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 import mlxgraph
 from mlxgraph.interpreter.pipeline_plan import plan_stages
 from mlxgraph.tools.cli import main
-from mlxgraph.tools.local_ranks import run_local_ranks
+from mlxgraph.tools.local_ranks import free_port_block, run_local_ranks
 from mlxgraph.tools.synthetic import llama
 
 WORKER = Path(pipeline_worker.__file__)
@@ -176,3 +177,15 @@ def test_generate_pipeline_refusals(tmp_path, graph, capsys):
     assert "--prompt-cache cannot be used with --pipeline" in capsys.readouterr().err
     assert main([*args, "--pipeline-timeout", "0"]) == 2
     assert "--pipeline-timeout must be a positive number" in capsys.readouterr().err
+
+
+def test_a_peer_that_never_starts_ends_the_connect(tmp_path, graph):
+    """MLX holds Python's lock while the ring connects: a watcher process ends the rank."""
+    port = free_port_block(2)
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([[f"127.0.0.1:{port}"], [f"127.0.0.1:{port + 1}"]]))
+    env = {**os.environ, "MLX_HOSTFILE": str(hosts), "MLX_RANK": "0"}
+    proc = subprocess.run([sys.executable, WORKER, graph, tmp_path, "schedule", "2"], env=env,
+                          capture_output=True, text=True, timeout=LAUNCH_DEADLINE)
+    assert proc.returncode != 0
+    assert "pipeline rank 0: could not connect the ring in 2 s" in proc.stderr
