@@ -15,6 +15,7 @@ _LAZY = {
     "GraphRuntimeError": "mlxgraph.interpreter.errors",
     "CacheError": "mlxgraph.interpreter.kv_cache",
     "CacheFileError": "mlxgraph.interpreter.errors",
+    "PipelineError": "mlxgraph.interpreter.errors",
     "Program": "mlxgraph.interpreter.program",
     "Session": "mlxgraph.interpreter.session",
     "BlasError": "mlxgraph.interpreter.blas",
@@ -31,7 +32,7 @@ _LAZY = {
 }
 
 
-def load(path, element_limit=None, compute_dtype=None):
+def load(path, element_limit=None, compute_dtype=None, pipeline=None, pipeline_timeout=None):
     """Load and verify a graph file; return an immutable :class:`Program`.
 
     First puts an optimised BLAS under MLX (:func:`preload_blas`) when MLX is not imported
@@ -45,18 +46,23 @@ def load(path, element_limit=None, compute_dtype=None):
         compute_dtype: ``"float32"`` widens a float16/bfloat16 graph at load (weights and
             every half-precision tensor), since MLX's half-precision matmuls on CPU are
             20-50x slower than float32; ``None`` (default) runs the graph as stored.
+        pipeline: ``True`` under ``mlx.launch`` (or an ``mx.distributed.Group``): load only
+            this rank's stage of a pipeline by layer ranges (docs/pipeline.md).
+        pipeline_timeout: seconds one rank waits for another before ending the run (300).
     Raises:
         mlxgraph.GraphFormatError: the file is not a valid graph file, could cost more than
             the limit per step, or uses an op this version cannot run.
         mlxgraph.BlasError: ``MLXGRAPH_BLAS`` names a library that cannot be used.
-        ValueError: an unsupported ``compute_dtype``.
+        mlxgraph.PipelineError: the pipeline's ranks cannot connect.
+        ValueError: an unsupported ``compute_dtype``, ``pipeline`` or timeout.
     """
     from mlxgraph.interpreter.blas import ensure_preloaded
 
     ensure_preloaded()
     from mlxgraph.interpreter.program import Program
 
-    return Program.load(path, element_limit=element_limit, compute_dtype=compute_dtype)
+    return Program.load(path, element_limit=element_limit, compute_dtype=compute_dtype,
+                        pipeline=pipeline, pipeline_timeout=pipeline_timeout)
 
 
 def __getattr__(name):

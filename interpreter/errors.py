@@ -30,3 +30,10 @@ class GraphRuntimeError(RuntimeError):
 class CacheFileError(ValueError):
     """A saved session cache file cannot be used: unreadable, truncated, tampered with, or
     saved from another graph or with another cache policy. Nothing was changed."""
+
+
+class PipelineError(RuntimeError):
+    """A pipeline lost a rank (it died, hung or became unreachable) or cannot be set up.
+
+    The pipeline session that raised it cannot continue: every later call raises again.
+    """

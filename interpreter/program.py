@@ -39,7 +39,8 @@ def _check_compute_dtype(compute_dtype) -> bool:
 class Program:
     """An immutable loaded graph: slots, constants (as MLX arrays), resolved nodes, metadata."""
 
-    def __init__(self, graph, constants, nodes, layers, tensor_dtypes, widened_from=()):
+    def __init__(self, graph, constants, nodes, layers, tensor_dtypes, widened_from=(),
+                 stage=None, link=None):
         # Symbol values whose step already had every output checked against the verifier's
         # bounds (shapes follow from them): shared by the sessions, only ever grows.
         self.checked_shapes = set()
@@ -58,9 +59,12 @@ class Program:
         self.layers = layers                # {layer_id: LayerCacheInfo}
         self.inputs = graph.inputs
         self.outputs = graph.outputs
+        self.stage = stage                  # this rank's StagePlan in a pipeline, else None
+        self.link = link                    # its PipelineLink (interpreter/pipeline_link.py)
 
     @classmethod
-    def load(cls, path, element_limit=None, compute_dtype=None) -> "Program":
+    def load(cls, path, element_limit=None, compute_dtype=None, pipeline=None,
+             pipeline_timeout=None) -> "Program":
         """Verify and load a graph file.
 
         Args:
@@ -71,18 +75,36 @@ class Program:
             compute_dtype: None runs the graph in its own dtypes; "float32" widens every
                 float16/bfloat16 tensor, weight and dtype attribute to float32 (the
                 weights keep their stored values exactly; the arithmetic is float32).
+            pipeline: True (the ranks ``mlx.launch`` started) or an ``mx.distributed.Group``:
+                load only this rank's stage of a pipeline by layer ranges, its nodes and
+                weights (docs/pipeline.md); sessions are then PipelineSessions.
+            pipeline_timeout: seconds a rank waits for another before it ends the run
+                (default 300).
         Raises:
-            GraphFormatError: invalid file, a step that could cost more than the limit, or
-                an op this version cannot run.
-            ValueError: an unsupported compute_dtype.
+            GraphFormatError: invalid file, a step that could cost more than the limit, an
+                op this version cannot run, or a graph that cannot be cut into that many
+                stages.
+            PipelineError: the pipeline's ranks cannot connect.
+            ValueError: an unsupported compute_dtype, pipeline or pipeline_timeout.
         """
         widen = _check_compute_dtype(compute_dtype)
         graph = open_graph(path, element_limit=element_limit)
         stored = [to_mx_dtype(t.dtype) if t.dtype else None for t in graph.tensors]
         tensor_dtypes = [widened(d, widen) for d in stored]
-        constants = {}
+        constants, stage, link = {}, None, None
         try:
+            nodes = [resolve_node(i, r, tensor_dtypes, graph.path, widen)
+                     for i, r in enumerate(graph.nodes)]
+            if pipeline is not None:
+                from mlxgraph.interpreter.pipeline_link import connect
+                from mlxgraph.interpreter.pipeline_plan import plan_stages
+
+                link = connect(pipeline, pipeline_timeout)
+                stage = plan_stages(graph, nodes, link.size)[link.rank]
+                nodes = [nodes[i] for i in stage.nodes]
             for i, c in enumerate(graph.constants):
+                if stage is not None and c.tensor not in stage.constants:
+                    continue  # another stage's weight: never read on this rank
                 # Read into a buffer of our own, copied by MLX, then dropped: the file is
                 # never mapped, so changing it later cannot touch a loaded program.
                 a = mx.array(graph.constant_array(i))
@@ -94,11 +116,10 @@ class Program:
                 constants[c.tensor] = a
         finally:
             graph.close()
-        nodes = [_checked(resolve_node(i, r, tensor_dtypes, graph.path, widen), graph)
-                 for i, r in enumerate(graph.nodes)]
+        nodes = [_checked(n, graph) for n in nodes]
         layers = _layer_geometry(graph, nodes)
         widened_from = tuple(sorted({dtype_name(d) for d in stored if widen and d in HALF_DTYPES}))
-        return cls(graph, constants, nodes, layers, tensor_dtypes, widened_from)
+        return cls(graph, constants, nodes, layers, tensor_dtypes, widened_from, stage, link)
 
     @property
     def float_dtypes(self) -> tuple:
@@ -141,6 +162,12 @@ class Program:
         Raises:
             SessionError: a bad override. CacheError: a cache policy a store cannot honour.
         """
+        if self.stage is not None:
+            from mlxgraph.interpreter.pipeline_session import PipelineSession
+
+            return PipelineSession(self, capacity=capacity, kv_dtype=kv_dtype, windows=windows,
+                                   preallocate=preallocate, max_step=max_step, kv_bits=kv_bits,
+                                   kv_group_size=kv_group_size)
         return Session(
             self,
             capacity=capacity,

@@ -144,30 +144,31 @@ class Session(SessionState):
         Raises:
             SessionError: n is not an int between 0 and the length, or another thread is
                 inside a call on this session.
-            CacheError: a ring store cannot rewind that far (the message says how far it can);
-                no store is changed.
+            CacheError: a ring store cannot rewind that far (it says how far); nothing changes.
         """
         with self._exclusive():
             self._raise_failed_checks(keep_latest=False)
             return self._trim(n)
 
     def _trim(self, n) -> int:
+        n = self._check_trim(n)
+        for store in self.stores.values() if n else ():
+            store.trim(n)
+        self._length -= n
+        return self._length
+
+    def _check_trim(self, n) -> int:
+        """``n`` as an int, once every store can rewind it (nothing changes here)."""
         if isinstance(n, bool) or not isinstance(n, Integral):
             raise self._fail(f"trim needs an int, got {n!r}")
         n = int(n)
         if n < 0 or n > self._length:
             raise self._fail(f"trim({n}): must be between 0 and the length {self._length}")
-        if n == 0:
-            return self._length
-        # Check every store can rewind before changing any of them.
-        for lid, store in self.stores.items():
+        for lid, store in self.stores.items():  # all of them can, before any changes
             limit = getattr(store, "max_trim", None)
-            if limit is not None and n > limit:
+            if n and limit is not None and n > limit:
                 raise CacheError(f"layer {lid}: cannot rewind {n} tokens, at most {limit}")
-        for store in self.stores.values():
-            store.trim(n)
-        self._length -= n
-        return self._length
+        return n
 
     # ------------------------------------------------------------------ step
     def step(self, tokens, positions, observer=None):

@@ -23,6 +23,14 @@ from mlxgraph.tools.output import (
     print_json,
     printable,
 )
+from mlxgraph.tools.pipeline_cli import (
+    add_pipeline_options,
+    check_pipeline_options,
+    pipeline_doc,
+    print_pipeline,
+    quiet_unless_first,
+    share_seed,
+)
 from mlxgraph.tools.text_options import (
     add_text_options,
     check_text_options,
@@ -78,6 +86,7 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--json", action="store_true", help="print one JSON document at the end, no streaming"
     )
+    add_pipeline_options(p)
 
 
 def read_prompt(args) -> str | None:
@@ -108,6 +117,7 @@ def run(args) -> int:
 
     try:
         check_text_options(args)
+        check_pipeline_options(args)
         if args.window is not None and args.window < 1:
             raise ToolError(f"--window must be >= 1, got {args.window}")
         args.prompt = read_prompt(args)
@@ -143,6 +153,7 @@ def _prepare(args):
     except TokenizerError as e:
         raise ToolError(str(e)) from None
     check_vocab(ids, program.metadata.vocab_size, args.graph)
+    share_seed(program, args)
     session = make_session(program, args)
     if has_full_attention(program, session) and len(ids) > session.capacity:
         raise ToolError(
@@ -161,7 +172,7 @@ def _prepare(args):
 def _run(args, blas) -> int:
     import mlx.core as mx
 
-    from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
+    from mlxgraph.interpreter.errors import GraphRuntimeError, PipelineError, SessionError
     from mlxgraph.interpreter.kv_cache import CacheError
     from mlxgraph.tools.generation import GenerationStats
     from mlxgraph.tools.text_generation import stream_generate
@@ -170,6 +181,7 @@ def _run(args, blas) -> int:
         program, tokenizer, ids, eos, session, sampler, chat, cache_report = _prepare(args)
     except ToolError as e:
         return fail(f"generate: {e}")
+    quiet = quiet_unless_first(program)
     reused = cache_report.reused_tokens if cache_report else 0
     on_prefilled = None
     if cache_report is not None:
@@ -213,10 +225,11 @@ def _run(args, blas) -> int:
             if piece and not args.json:
                 out.write(show(piece))
                 out.flush()
-    except (GraphRuntimeError, SessionError, CacheError) as e:
+    except (GraphRuntimeError, SessionError, CacheError, PipelineError) as e:
         if not args.json:
             out.write("\n")
-        print(printable(f"mlxgraph: generate: {e}"), file=sys.stderr)
+        if not quiet or isinstance(e, PipelineError):  # rank 0 reports what every rank agreed
+            print(printable(f"mlxgraph: generate: {e}"), file=sys.stderr)
         return 3
     except ToolError as e:  # the prompt cache could not be written
         if not args.json:
@@ -233,7 +246,10 @@ def _run(args, blas) -> int:
         "approximations": {str(k): v for k, v in session.approximations.items()},
     }
     doc["prompt_cache"] = cache_report.as_dict() if cache_report else None
+    doc["pipeline"] = pipeline_doc(program, mx)
     code = 130 if interrupted else 0
+    if quiet:
+        return code
     if args.json:
         body = "".join(pieces) if tokenizer is not None else None
         print_json(
@@ -252,6 +268,8 @@ def _run(args, blas) -> int:
     out.flush()
     print_stats(stats, doc, blas, sys.stderr)
     print_cache_notes(doc, sys.stderr)
+    if doc["pipeline"]:
+        print_pipeline(doc["pipeline"], sys.stderr)
     source = program.metadata.extra.get("source", "")
     if source.startswith("tiny-") and program.metadata.tokenizer == "byte":
         # The random built-ins are for trying the pipeline: say why their text reads as noise

@@ -164,13 +164,16 @@ def open_program(args, need_tokenizer: bool):
     Raises:
         ToolError: the graph cannot be loaded, or the tokenizer when ``need_tokenizer``.
     """
+    from mlxgraph.interpreter.errors import PipelineError
     from mlxgraph.interpreter.program import Program
     from mlxgraph.interpreter.tokenizer import TokenizerError, load_tokenizer
     from mlxgraph.schema.errors import GraphFormatError
+    from mlxgraph.tools.pipeline_cli import load_options
 
     try:
-        program = Program.load(args.graph, compute_dtype=getattr(args, "compute_dtype", None))
-    except GraphFormatError as e:
+        program = Program.load(args.graph, compute_dtype=getattr(args, "compute_dtype", None),
+                               **load_options(args))
+    except (GraphFormatError, PipelineError) as e:
         raise ToolError(str(e)) from None
     except OSError as e:
         raise ToolError(f"{args.graph}: cannot read ({e.strerror or e})") from None
