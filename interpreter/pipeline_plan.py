@@ -19,8 +19,8 @@ layers' KV stores it holds, and which tensor slots cross each cut. docs/architec
 
 from dataclasses import dataclass, replace
 
-from mlxgraph.interpreter.node_plan import TENSOR, TENSOR_LIST, VALUE
 from mlxgraph.schema.errors import GraphFormatError
+from mlxgraph.schema.spec import FieldKind
 
 
 @dataclass(frozen=True)
@@ -56,14 +56,14 @@ def node_io(node) -> tuple:
     tensors = {slot for _, slot in node.tensor_reads}
     values = set()
     for _, how, where in node.reads:
-        if how == VALUE:
+        if how is FieldKind.VALUE:
             values.add(where)
-        elif how == TENSOR_LIST:
+        elif how is FieldKind.TENSOR_LIST:
             tensors.update(where)
         else:  # OPERAND_LIST
-            tensors.update(w for h, w in where if h == TENSOR)
-            values.update(w for h, w in where if h == VALUE)
-    if node.out_kind == "value":
+            tensors.update(w for h, w in where if h is FieldKind.TENSOR)
+            values.update(w for h, w in where if h is FieldKind.VALUE)
+    if node.out_kind is FieldKind.VALUE_OUT:
         return tensors, values, set(), set(node.out_slots)
     return tensors, values, set(node.out_slots), set()
 

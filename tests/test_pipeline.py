@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pipeline_worker
 import pytest
+from synthetic_graphs import llama
 
 import mlxgraph
 from mlxgraph.interpreter.pipeline_plan import plan_stages
 from mlxgraph.tools.cli import main
 from mlxgraph.tools.local_ranks import free_port_block, run_local_ranks
-from mlxgraph.tools.synthetic import llama
 
 WORKER = Path(pipeline_worker.__file__)
 LAUNCH_DEADLINE = 90  # seconds: the most one launch may take before it is killed
