@@ -19,6 +19,8 @@ Printed: prefill and decode tok/s per engine, ratios mlxgraph/peer, whether the 
 tokens are identical, and decode as a fraction of this machine's memory-bandwidth bound
 (bandwidth measured in the same run with numpy; bound = bandwidth / bytes read per decoded
 token: every weight except the embedding table, plus the KV cache at the average context).
+Each finished part is also saved to WORKDIR/generate_bench.json as it completes, so a run
+cut short keeps what it measured.
 
 This process imports neither torch nor mlx; it only orchestrates.
 """
@@ -159,8 +161,9 @@ def bench_size(
     }
 
 
-def bench_contexts(size_report, contexts, new_tokens, bandwidth, log) -> list:
-    """Decode after long prompts (one run each, engines taking turns once)."""
+def bench_contexts(size_report, contexts, new_tokens, bandwidth, log, on_result=None) -> list:
+    """Decode after long prompts (one run each, engines taking turns once); ``on_result``
+    is called with each context's report as it finishes."""
     cfg, out = size_report["config"], []
     for ctx in contexts:
         prompt = _prompt(ctx, cfg["vocab_size"], seed=ctx)
@@ -186,6 +189,8 @@ def bench_contexts(size_report, contexts, new_tokens, bandwidth, log) -> list:
                 **report(cfg, results, ctx + new_tokens / 2, bandwidth),
             }
         )
+        if on_result is not None:
+            on_result(out[-1])
     return out
 
 
@@ -242,25 +247,6 @@ def main(argv=None) -> int:
         return 2
     wanted = [e for e in args.engines.split(",") if e]
     engines = ["mlxgraph"] + [e for e in available_engines() if e in wanted and e != "mlxgraph"]
-    reports = [
-        bench_size(
-            s,
-            workdir,
-            args.prompt_tokens,
-            args.new_tokens,
-            args.runs,
-            args.rounds,
-            bandwidth,
-            engines,
-            log,
-        )
-        for s in sizes
-    ]
-    long_context = (
-        bench_contexts(reports[-1], contexts, args.context_new_tokens, bandwidth, log)
-        if reports
-        else []
-    )
     doc = {
         **json_header_for(format_version()),
         "benchmark": "generate",
@@ -270,10 +256,27 @@ def main(argv=None) -> int:
         "rounds": args.rounds,
         "bandwidth": bandwidth,
         "cpus": os.cpu_count(),
-        "load_average": [load_before, os.getloadavg()[0]],
-        "sizes": reports,
-        "long_context": {"size": sizes[-1] if sizes else None, "runs": long_context},
+        "load_average": [load_before, None],
+        "sizes": [],
+        "long_context": {"size": sizes[-1] if sizes else None, "runs": []},
     }
+    # Each finished part is saved at once: a run cut short (a long one, on a busy machine)
+    # still leaves its figures.
+    partial = workdir / "generate_bench.json"
+
+    def save():
+        doc["load_average"][1] = os.getloadavg()[0]
+        partial.write_text(json.dumps(doc, indent=1))
+
+    for s in sizes:
+        doc["sizes"].append(bench_size(s, workdir, args.prompt_tokens, args.new_tokens,
+                                       args.runs, args.rounds, bandwidth, engines, log))
+        save()
+        log(f"  (results so far in {partial})")
+    if doc["sizes"]:
+        runs = doc["long_context"]["runs"]
+        bench_contexts(doc["sizes"][-1], contexts, args.context_new_tokens, bandwidth, log,
+                       on_result=lambda r: (runs.append(r), save()))
     if args.json:
         json.dump(doc, sys.stdout, indent=1)
         print()
