@@ -19,10 +19,11 @@ import numpy as np
 from mlxgraph.interpreter.errors import GraphRuntimeError, PipelineError, SessionError
 from mlxgraph.interpreter.kv_cache import CacheError
 from mlxgraph.interpreter.session import Session
+from mlxgraph.interpreter.session_options import window_per_layer
 from mlxgraph.interpreter.step_inputs import bind_inputs, checked_tokens, host_positions
 from mlxgraph.schema.spec import op_spec
 
-_STEP, _TRIM, _RESET = 1, 2, 3
+_STEP, _TRIM, _RESET, _OPEN = 1, 2, 3, 4
 _OK, _SESSION, _CACHE, _RUNTIME = 0, 1, 2, 3
 _KINDS = {SessionError: _SESSION, CacheError: _CACHE, GraphRuntimeError: _RUNTIME}
 
@@ -30,8 +31,9 @@ _KINDS = {SessionError: _SESSION, CacheError: _CACHE, GraphRuntimeError: _RUNTIM
 class PipelineSession(Session):
     """A Session over one pipeline stage: this rank's nodes, weights and KV stores.
 
-    Made by ``program.session(...)`` on a Program loaded with ``pipeline=``; takes the same
-    arguments. ``fork``, ``save`` and ``restore`` are refused (they would need every rank).
+    Made by ``program.session(...)`` on a Program loaded with ``pipeline=``, on every rank
+    with the same arguments (a collective call too: a setting one rank's stores refuse is
+    refused on every rank). ``fork``, ``save`` and ``restore`` are refused.
 
     Raises (besides Session's):
         PipelineError: a rank was lost; this session cannot continue.
@@ -40,10 +42,31 @@ class PipelineSession(Session):
     _PICKLE_ADVICE = "a pipeline session cannot be copied"
 
     def __init__(self, program, **options):
-        super().__init__(program, **options)
-        self._link = program.link
-        self._stage = program.stage
+        # Every rank gets the same arguments: windows may name any layer of the graph (checked
+        # against all of them), and this rank's stores take their own layers' windows.
+        every = {lc.layer_id: lc for lc in program.metadata.layers}
+        self._every_window = window_per_layer(
+            every, options.get("windows"), lambda reason: SessionError(
+                f"{program.path or '<bytes>'}: {reason}"))
+        if isinstance(options.get("windows"), dict):
+            options["windows"] = {lid: w for lid, w in options["windows"].items()
+                                  if lid in program.layers}
+        self.program, self._link, self._stage = program, program.link, program.stage
         self._lost = None  # the PipelineError that ended this pipeline
+        error = None
+        try:
+            super().__init__(program, **options)
+        except (SessionError, CacheError) as e:  # e.g. a window only this rank's stores refuse
+            error = e
+        self._agree_or_raise((_OPEN, 0, 0, 0), error)
+
+    @property
+    def approximations(self) -> dict:
+        """{layer_id: window} of the full-attention layers given a window, on every rank
+        (each rank knows the whole graph's layers and the same arguments)."""
+        layers = {lc.layer_id: lc for lc in self.program.metadata.layers}
+        return {lid: w for lid, w in self._every_window.items()
+                if w and not layers[lid].sliding_window and not layers[lid].attention_chunk}
 
     # ------------------------------------------------------------ refused
     def fork(self):
@@ -228,4 +251,4 @@ def _describe(fields) -> str:
         return f"step of {count} token(s) at position {length} (tokens crc {digest & 0xFFFFFFFF:x})"
     if op == _TRIM:
         return f"trim({count}) at length {length}"
-    return "reset()" if op == _RESET else f"call {op}"
+    return {_RESET: "reset()", _OPEN: "session()"}.get(op, f"call {op}")

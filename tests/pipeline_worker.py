@@ -62,6 +62,21 @@ def schedule(session, rank, size, record, events):
     greedy(session, logits, 2, record)
 
 
+def ring_refusal(program, events):
+    """A trim only the last stage's ring store cannot take: refused on every rank alike."""
+    last = max(program.metadata.layers, key=lambda lc: lc.layer_id)
+    window = max(4, last.sliding_window)
+    session = program.session(capacity=64, windows={last.layer_id: window}, max_step=4)
+    n = window + 10
+    session.step([(PROMPT * n)[:n]], range(n))
+    try:
+        session.trim(n - 2)
+        events.append(["ring_trimmed", session.length])
+    except mlxgraph.CacheError as e:
+        events.append(["ring_refused", session.length, str(e),
+                       {str(k): v for k, v in session.approximations.items()}])
+
+
 def main(argv) -> int:
     graph, out_dir, mode, timeout = argv[1], Path(argv[2]), argv[3], float(argv[4])
     program = mlxgraph.load(graph, pipeline=True, pipeline_timeout=timeout)
@@ -73,6 +88,7 @@ def main(argv) -> int:
     try:
         if mode == "schedule":
             schedule(session, rank, size, record, events)
+            ring_refusal(program, events)
         else:
             session.step([PROMPT], range(len(PROMPT)))
             if rank == size - 1:
@@ -95,8 +111,10 @@ def main(argv) -> int:
         # The reference, once this rank's figures are taken: one ordinary session of the
         # whole graph, in a process like the ranks (the same BLAS, the same roundings).
         ref = []
+        mx.reset_peak_memory()
         schedule(mlxgraph.load(graph).session(capacity=64), 0, 1, ref, [])
-        (out_dir / "reference.json").write_text(json.dumps(ref))
+        doc = {"steps": ref, "peak_memory_bytes": int(mx.get_peak_memory())}
+        (out_dir / "reference.json").write_text(json.dumps(doc))
     return 3 if error else 0
 
 

@@ -55,22 +55,38 @@ def check_ranks(tmp_path, graph, n):
     weights, one step rejected on every rank."""
     docs, _, err = run_worker(tmp_path, graph, n)
     assert sorted(docs) == list(range(n)), f"a rank wrote no result: {err[-3000:]}"
-    ref = json.loads((tmp_path / "reference.json").read_text())
+    reference = json.loads((tmp_path / "reference.json").read_text())
+    ref = reference["steps"]
     for rank, doc in docs.items():
         assert doc["error"] is None
         steps = doc["steps"]
         assert [s["tokens"] for s in steps] == [s["tokens"] for s in ref], f"rank {rank}"
         for got, want in zip(steps, ref):
             np.testing.assert_allclose(got["logits"], want["logits"], rtol=0, atol=1e-5)
-        assert [e[0] for e in doc["events"]] == ["trim", "rejected", "trim_refused", "reset"]
+        assert [e[0] for e in doc["events"]] == ["trim", "rejected", "trim_refused", "reset",
+                                                 "ring_refused"]
         assert "disagree with the cache" in doc["events"][1][2]
+        # Only the last rank holds the ring; every rank refused, nothing was rewound.
+        _, length, message, approximations = doc["events"][4]
+        assert f"cannot rewind {length - 2} tokens" in message
+        assert ("rejected the call" in message) == (rank != n - 1)
+        assert approximations == last_layer_approximation(graph)
     program = mlxgraph.load(graph)
     assert sorted(lid for d in docs.values() for lid in d["layers"]) == sorted(program.layers)
     total = sum(c.length for c in program.graph.constants)
     for doc in docs.values():
         assert doc["loaded_bytes"] == doc["weight_bytes"] < total
+        # Peak memory per rank: below one process holding the whole model.
+        assert doc["peak_memory_bytes"] < reference["peak_memory_bytes"]
         assert doc["stage_weight_bytes"] == [d["weight_bytes"] for _, d in sorted(docs.items())]
     return docs
+
+
+def last_layer_approximation(graph) -> dict:
+    """What ring_refusal's window on the last layer approximates (pipeline_worker.py)."""
+    last = max(mlxgraph.load(graph).metadata.layers, key=lambda lc: lc.layer_id)
+    full = not last.sliding_window and not last.attention_chunk
+    return {str(last.layer_id): 4} if full else {}
 
 
 def test_two_ranks_match_one_process(tmp_path, graph):
