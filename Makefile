@@ -57,3 +57,4 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/guard_bench.py
 	$(PY) benchmarks/perplexity_bench.py
 	$(PY) benchmarks/chat_bench.py
+	$(PY) benchmarks/serve_bench.py

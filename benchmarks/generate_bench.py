@@ -64,8 +64,9 @@ def _run(cmd, env=None, what="") -> str:
     return proc.stdout
 
 
-def prepare(size: str, workdir: Path, log) -> tuple[Path, Path, dict, float]:
-    """(HF folder, graph file, config, export seconds) for one size."""
+def prepare(size: str, workdir: Path, log, extend=None) -> tuple[Path, Path, dict, float]:
+    """(HF folder, graph file, config, export seconds) for one size; ``extend(folder)`` adds
+    files to the folder before the export (serve_bench adds a tokenizer)."""
     cfg = {**SIZES[size], **COMMON}
     folder = workdir / f"hf-{size}"
     _run(
@@ -78,6 +79,8 @@ def prepare(size: str, workdir: Path, log) -> tuple[Path, Path, dict, float]:
         ],
         what=f"building the {size} folder",
     )
+    if extend is not None:
+        extend(folder)
     graph = workdir / f"{size}.mlxg"
     log(f"[{size}] exporting {folder} -> {graph}")
     t0 = time.perf_counter()
