@@ -35,8 +35,11 @@ demo: $(STAMP)
 	$(VENV)/bin/mlxgraph export tiny-llama -o $(OUT)/tiny-llama.mlxg
 	$(VENV)/bin/mlxgraph generate $(OUT)/tiny-code.mlxg --prompt "def fibonacci(n):" $(DEMO_SAMPLING)
 
+# One worker per CPU (pytest-xdist); a module's tests stay together so its fixtures (exports,
+# models) are built once. TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
