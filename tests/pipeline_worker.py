@@ -47,6 +47,11 @@ def schedule(session, rank, size, record, events):
             events.append(["accepted", session.length])
         except mlxgraph.SessionError as e:
             events.append(["rejected", session.length, str(e)])
+        try:  # every rank's own token: the ranks disagree on the call
+            session.step([[3 + rank]], [session.length])
+            events.append(["accepted", session.length])
+        except mlxgraph.SessionError as e:
+            events.append(["disagreed", session.length, str(e)])
     try:
         session.trim(session.length + 1)
     except mlxgraph.SessionError as e:

@@ -63,11 +63,13 @@ def check_ranks(tmp_path, graph, n):
         assert [s["tokens"] for s in steps] == [s["tokens"] for s in ref], f"rank {rank}"
         for got, want in zip(steps, ref):
             np.testing.assert_allclose(got["logits"], want["logits"], rtol=0, atol=1e-5)
-        assert [e[0] for e in doc["events"]] == ["trim", "rejected", "trim_refused", "reset",
-                                                 "ring_refused"]
+        assert [e[0] for e in doc["events"]] == ["trim", "rejected", "disagreed",
+                                                 "trim_refused", "reset", "ring_refused"]
         assert "disagree with the cache" in doc["events"][1][2]
+        assert "the pipeline ranks disagree on the call" in doc["events"][2][2]
+        assert doc["events"][1][1] == doc["events"][2][1] == doc["events"][0][1]
         # Only the last rank holds the ring; every rank refused, nothing was rewound.
-        _, length, message, approximations = doc["events"][4]
+        _, length, message, approximations = doc["events"][5]
         assert f"cannot rewind {length - 2} tokens" in message
         assert ("rejected the call" in message) == (rank != n - 1)
         assert approximations == last_layer_approximation(graph)
