@@ -194,7 +194,9 @@ class Program:
 
     def __repr__(self) -> str:
         name = Path(self.path).name if self.path else "<bytes>"
-        return f"Program({name}: {len(self.nodes)} nodes, {len(self.layers)} attention layers)"
+        stage = "" if self.stage is None else f", stage {self.stage.rank} of {self.stage.size}"
+        return (f"Program({name}: {len(self.nodes)} nodes, {len(self.layers)} attention "
+                f"layers{stage})")
 
 
 def _checked(node: ResolvedNode, graph) -> ResolvedNode:
