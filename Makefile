@@ -11,8 +11,9 @@ export HF_HUB_OFFLINE := 1
 
 .PHONY: venv demo test test-slow generate lint bench blas
 
-# setup.py builds the optional C BLAS router (interpreter/native/blas_router.c) in place.
-$(STAMP): pyproject.toml setup.py interpreter/native/blas_router.c
+# setup.py builds the optional native parts (interpreter/native/: the C BLAS router and the
+# quantized matrix-vector kernel) in place.
+$(STAMP): pyproject.toml setup.py interpreter/native/blas_router.c interpreter/native/quantized_matvec.cpp
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[export,dev,serve]"
 	touch $(STAMP)

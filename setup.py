@@ -1,12 +1,20 @@
-"""The native part of the install: mlxgraph's CBLAS router (interpreter/native/blas_router.c).
+"""The native part of the install, optional: without a compiler, or if a build fails, the
+install still succeeds and mlxgraph runs without it (the stats say so).
 
-Everything else is declared in pyproject.toml. The router is a plain C shared library
-(no Python API) built with the machine's C compiler. It is optional: without a compiler,
-or if the build fails, the install still succeeds and mlxgraph runs without it (the BLAS
-line of the stats says "router absent"). Only Linux needs it (macOS uses Accelerate).
+- mlxgraph's CBLAS router (interpreter/native/blas_router.c): a plain C shared library (no
+  Python API). Only Linux needs it (macOS uses Accelerate). The BLAS line of the stats says
+  "router absent" without it.
+- the quantized matrix-vector kernel (interpreter/native/quantized_matvec.cpp): an MLX
+  primitive in a nanobind extension, compiled against the headers of the MLX wheel and in
+  MLX's nanobind domain (both are build requirements, pyproject.toml). Without it,
+  QuantizedLinear runs on mx.quantized_matmul.
+
+Everything else is declared in pyproject.toml.
 """
 
+import platform
 import sys
+from pathlib import Path
 
 from setuptools import Extension, setup
 
@@ -18,4 +26,32 @@ ROUTER = Extension(
     optional=True,
 )
 
-setup(ext_modules=[ROUTER] if sys.platform.startswith("linux") else [])
+
+def quantized_matvec() -> list:
+    """The kernel's Extension, or none when its build requirements are missing."""
+    try:
+        import mlx
+        import nanobind
+    except ImportError:
+        return []
+    nb = Path(nanobind.__file__).parent
+    mlx_include = Path(mlx.__path__[0]) / "include"
+    if not mlx_include.is_dir():
+        return []
+    return [Extension(
+        "mlxgraph.interpreter._quantized_matvec",
+        sources=["interpreter/native/quantized_matvec.cpp", str(nb / "src" / "nb_combined.cpp")],
+        include_dirs=[str(mlx_include), str(nb / "include"),
+                      str(nb / "ext" / "robin_map" / "include")],
+        # MLX's Python module binds its arrays in the nanobind domain "mlx": the kernel's
+        # module must join it to take and return mx.array.
+        define_macros=[("NB_DOMAIN", "mlx"), ("NDEBUG", "1")],
+        extra_compile_args=["-O2", "-std=c++20", "-fvisibility=hidden"],
+        language="c++",
+        optional=True,
+    )]
+
+
+LINUX = sys.platform.startswith("linux")
+NATIVE = LINUX and platform.machine() in ("x86_64", "aarch64")
+setup(ext_modules=([ROUTER] if LINUX else []) + (quantized_matvec() if NATIVE else []))

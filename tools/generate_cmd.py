@@ -13,7 +13,12 @@ parser, and an optimised BLAS must be loaded before mlx (interpreter/blas.py), w
 
 import sys
 
-from mlxgraph.tools.generate_report import print_cache_notes, print_stats, stats_doc
+from mlxgraph.tools.generate_report import (
+    print_cache_notes,
+    print_stats,
+    quantized_stats,
+    stats_doc,
+)
 from mlxgraph.tools.output import (
     ToolError,
     check_vocab,
@@ -241,6 +246,7 @@ def _run(args, blas) -> int:
         stats.stop_reason = "interrupted"
     doc = stats_doc(stats, blas, sampler, mx)
     doc["stats"]["compute"] = program.compute_info()
+    doc["stats"]["quantized"] = quantized_stats(program)
     doc["kv_cache"] = {
         **{k: session.policy[k] for k in ("kv_dtype", "kv_bits", "kv_group_size")},
         "approximations": {str(k): v for k, v in session.approximations.items()},

@@ -22,6 +22,15 @@ def stats_doc(stats, blas, sampler, mx) -> dict:
     }
 
 
+def quantized_stats(program) -> dict | None:
+    """Which kernel the graph's QuantizedLinear nodes run on (None for a graph without any)."""
+    if not any(n.record.op == "QuantizedLinearNode" for n in program.nodes):
+        return None
+    from mlxgraph.interpreter.quantized_native import native_kernel
+
+    return native_kernel().as_dict()
+
+
 def print_stats(stats, doc, blas, err) -> None:
     """The stats lines for a person (stderr)."""
     s = doc["stats"]
@@ -43,6 +52,8 @@ def print_stats(stats, doc, blas, err) -> None:
         file=err,
     )
     print(f"BLAS         {blas.describe()}", file=err)
+    if s.get("quantized"):
+        print(f"quantized    {s['quantized']['kernel']}", file=err)
     print_compute_note(s["compute"], err)
 
 

@@ -1,0 +1,80 @@
+"""The native quantized matrix-vector kernel (interpreter/native/quantized_matvec.cpp), if the
+install built it: loading, the runtime switch, and what the stats say about it.
+
+The kernel is an MLX primitive in a nanobind extension of MLX's own nanobind domain, linked
+against libmlx at load: libmlx (already loaded by mlx.core, privately) is made global
+first. Without a compiler, or with ``MLXGRAPH_QUANTIZED_KERNEL=mlx``, QuantizedLinear runs
+on ``mx.quantized_matmul`` and the stats say so.
+"""
+
+import ctypes
+import importlib
+import os
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import mlx.core as mx
+
+KERNEL_ENV = "MLXGRAPH_QUANTIZED_KERNEL"    # "mlx": never use the native kernel
+THREADS_ENV = "MLXGRAPH_QUANTIZED_THREADS"  # threads of the native kernel (default: 2 at most)
+
+
+@dataclass(frozen=True)
+class NativeKernel:
+    """The loaded native kernel, or why there is none (``fn`` None)."""
+
+    fn: object
+    simd: str
+    threads: int
+    max_rows: int
+    reason: str = ""
+
+    def describe(self) -> str:
+        """One line for the stats: which kernel a QuantizedLinear runs on."""
+        if self.fn is None:
+            return f"mx.quantized_matmul ({self.reason})"
+        return (f"native matvec ({self.simd}, {self.threads} threads) for float32 steps of "
+                f"<= {self.max_rows} rows, mx.quantized_matmul otherwise")
+
+    def as_dict(self) -> dict:
+        """JSON-ready: native (bool), simd, threads, max_rows, reason."""
+        return {"native": self.fn is not None, "simd": self.simd, "threads": self.threads,
+                "max_rows": self.max_rows, "reason": self.reason, "kernel": self.describe()}
+
+
+def _absent(reason: str) -> NativeKernel:
+    return NativeKernel(None, "", 0, 0, reason)
+
+
+@cache
+def native_kernel() -> NativeKernel:
+    """The native kernel (loaded once per process), or why it is not used."""
+    if os.environ.get(KERNEL_ENV, "").strip().lower() == "mlx":
+        return _absent(f"{KERNEL_ENV}=mlx")
+    name = "mlxgraph.interpreter._quantized_matvec"
+    if importlib.util.find_spec(name) is None:
+        return _absent("the native kernel was not built at install")
+    libmlx = Path(mx.__file__).parent / "lib" / "libmlx.so"
+    try:
+        if libmlx.is_file():
+            # The extension's MLX symbols resolve against the libmlx mlx.core loaded.
+            ctypes.CDLL(str(libmlx), mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+        module = importlib.import_module(name)
+    except (OSError, ImportError) as e:
+        return _absent(f"the native kernel does not load: {e}")
+    try:
+        threads = int(os.environ.get(THREADS_ENV, "") or min(2, os.cpu_count() or 1))
+    except ValueError:
+        threads = 1
+    module.set_threads(max(1, threads))
+    return NativeKernel(module.quantized_matvec, module.simd(), module.threads(),
+                        module.MAX_ROWS)
+
+
+def eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -> bool:
+    """Whether the native kernel computes this product: float32, few rows, a group of
+    whole 8-word vectors (q4: group 64 or 128; q8: any)."""
+    return (kernel.fn is not None and x.dtype == mx.float32 and scales.dtype == mx.float32
+            and x.ndim >= 1 and x.size // max(x.shape[-1], 1) <= kernel.max_rows
+            and (group_size * bits // 32) % 8 == 0)

@@ -1,0 +1,80 @@
+"""The native quantized matrix-vector kernel (interpreter/native/quantized_matvec.cpp): equal
+to MLX's own op on every shape it takes, used only where it applies, and switchable off."""
+
+import os
+import subprocess
+import sys
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxgraph.interpreter.kernels.quantized import quantized_linear
+from mlxgraph.interpreter.quantized_native import KERNEL_ENV, eligible, native_kernel
+
+NATIVE = native_kernel()
+# The install builds the kernel wherever a C++ compiler is (this machine has one); a
+# machine without one runs every QuantizedLinear on mx.quantized_matmul.
+needs_native = pytest.mark.skipif(NATIVE.fn is None, reason=NATIVE.reason)
+
+
+def case(rows, out_features, in_features, bits, group_size, seed=0):
+    rng = np.random.default_rng(seed)
+    w = mx.array(rng.standard_normal((out_features, in_features)).astype(np.float32) * 0.05)
+    x = mx.array(rng.standard_normal((1, rows, in_features)).astype(np.float32))
+    return x, *mx.quantize(w, group_size=group_size, bits=bits)
+
+
+@needs_native
+@pytest.mark.parametrize("bits, group_size", [(4, 64), (4, 128), (8, 32), (8, 64), (8, 128)])
+@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_native_equals_mlx_quantized_matmul(bits, group_size, rows, threads):
+    import mlxgraph.interpreter._quantized_matvec as ext
+
+    x, w, s, b = case(rows, 300, 1024, bits, group_size, seed=bits * rows)
+    ext.set_threads(threads)
+    try:
+        got = NATIVE.fn(x, w, s, b, group_size, bits)
+    finally:
+        ext.set_threads(NATIVE.threads)
+    want = mx.quantized_matmul(x, w, s, b, transpose=True, group_size=group_size, bits=bits)
+    assert got.shape == want.shape == (1, rows, 300) and got.dtype == mx.float32
+    err = float(mx.abs(got - want).max()) / float(mx.abs(want).max())
+    assert err < 1e-5, err
+
+
+@needs_native
+def test_native_reads_strided_inputs_and_stays_lazy():
+    x, w, s, b = case(2, 64, 256, 4, 64)
+    xt = mx.swapaxes(mx.swapaxes(x, 1, 2), 1, 2)[:, ::-1]  # a reversed, non-contiguous view
+    compiled = mx.compile(lambda v: NATIVE.fn(v, w, s, b, 64, 4))  # an evaluation would raise
+    want = mx.quantized_matmul(xt, w, s, b, transpose=True, group_size=64, bits=4)
+    assert float(mx.abs(compiled(xt) - want).max()) < 1e-5
+
+
+def test_eligibility():
+    x, w, s, b = case(1, 16, 256, 4, 64)
+    assert eligible(NATIVE, x, s, 64, 4) == (NATIVE.fn is not None)
+    five = mx.zeros((1, 5, 256))
+    assert not eligible(NATIVE, five, s, 64, 4)                          # prefill: MLX's op
+    assert not eligible(NATIVE, x.astype(mx.float16), s, 64, 4)          # half precision
+    assert not eligible(NATIVE, x, s, 32, 4)                             # 4 words a group
+
+
+def test_the_kernel_gives_the_dequantized_product_on_both_paths():
+    x, w, s, b = case(1, 48, 256, 8, 64)
+    bias = mx.arange(48, dtype=mx.float32)
+    want = x @ mx.dequantize(w, s, b, group_size=64, bits=8).T + bias
+    for rows in (x, mx.concatenate([x] * 6, axis=1)):   # native (1 row) and MLX's op (6)
+        got = quantized_linear(rows, w, s, b, bias=bias, group_size=64, bits=8)
+        assert float(mx.abs(got - want[:, :1]).max()) < 1e-4
+
+
+def test_switching_the_native_kernel_off():
+    code = ("from mlxgraph.interpreter.quantized_native import native_kernel; "
+            "print(native_kernel().describe())")
+    env = {**os.environ, KERNEL_ENV: "mlx"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() == f"mx.quantized_matmul ({KERNEL_ENV}=mlx)"
