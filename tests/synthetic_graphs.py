@@ -61,8 +61,9 @@ class GraphSpec:
         """Append a node; tensor/value fields hold T/V handles, Operands a handle or a number."""
         self.nodes.append((op, prov or Provenance(), fields))
 
-    def write(self, path, order_seed=None) -> dict:
-        """Write with GraphWriter; ``order_seed`` shuffles the order slots are added in."""
+    def write(self, path, order_seed=None, rewrite=None) -> dict:
+        """Write with GraphWriter; ``order_seed`` shuffles the order slots are added in;
+        ``rewrite(writer)`` runs on the filled writer first (e.g. quantization)."""
         w = GraphWriter(producer="mlxgraph-synthetic")
         w.metadata = self.metadata
         vmap = {i: w.add_symbol(n, lo, hi) for i, (n, lo, hi) in enumerate(self.symbols)}
@@ -79,6 +80,8 @@ class GraphSpec:
             w.add_output(name, tmap[h.i])
         for op, prov, fields in self.nodes:
             w.add_node(op, prov, **_resolve(op, fields, tmap, vmap))
+        if rewrite is not None:
+            rewrite(w)
         return w.write(path)
 
 

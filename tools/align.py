@@ -104,13 +104,19 @@ class Flow:
             self.key_attrs.append(tuple(a for a in attrs if a[0] not in dtype_attrs))
         self.final = {slot: tensor_source(slot) for slot in range(len(graph.tensors))}
 
+    def op_family(self, i) -> str:
+        """Node i's op for alignment: a quantized op counts as its float op (QuantizedLinear
+        pairs with Linear), so a float graph and its quantized export align node for node."""
+        op = self.graph.nodes[i].op
+        return op[len("Quantized"):] if op.startswith("Quantized") else op
+
     def source_key(self, src: Source):
         """A slot-free description of a source (used in alignment keys); looks through Casts."""
         if src.kind == "node":
             i, name, j = src.ref
             if self.graph.nodes[i].op == "CastNode" and self.inputs[i]:
                 return self.source_key(self.inputs[i][0][2])
-            return ("node", self.graph.nodes[i].op, name, j)
+            return ("node", self.op_family(i), name, j)
         if src.kind == "const":
             c = self.graph.constants[src.ref]
             t = self.graph.tensors[c.tensor]
@@ -121,7 +127,7 @@ class Flow:
         """The alignment key of every node."""
         return [
             (
-                rec.op,
+                self.op_family(i),
                 self.key_attrs[i],
                 tuple((n, j, self.source_key(s)) for n, j, s in self.inputs[i]),
             )
@@ -131,8 +137,9 @@ class Flow:
     def weight_keys(self) -> list:
         """A coarser key: the op and its constant inputs (name and shape) only."""
         return [
-            (rec.op, tuple(self.source_key(s) for _, _, s in self.inputs[i] if s.kind == "const"))
-            for i, rec in enumerate(self.graph.nodes)
+            (self.op_family(i),
+             tuple(self.source_key(s) for _, _, s in self.inputs[i] if s.kind == "const"))
+            for i in range(len(self.graph.nodes))
         ]
 
     def describe(self, src: Source):
@@ -239,7 +246,8 @@ def align(flow_a: Flow, flow_b: Flow) -> list:
     levels = [
         _intern(flow_a.keys(), flow_b.keys()),
         _intern(flow_a.weight_keys(), flow_b.weight_keys()),
-        _intern([r.op for r in flow_a.graph.nodes], [r.op for r in flow_b.graph.nodes]),
+        _intern([flow_a.op_family(i) for i in range(len(flow_a.graph.nodes))],
+                [flow_b.op_family(i) for i in range(len(flow_b.graph.nodes))]),
     ]
     out = []
     _levels(levels, 0, len(flow_a.graph.nodes), 0, len(flow_b.graph.nodes), out)

@@ -18,6 +18,7 @@ from mlxgraph.schema.spec import op_spec
 from mlxgraph.tools.align import Flow, align
 from mlxgraph.tools.node_text import SlotNames, format_node, short_name
 from mlxgraph.tools.numeric import constant_errors
+from mlxgraph.tools.quantized_view import dequantized_errors, packed_weights
 
 _META_FIELDS = (
     "architecture",
@@ -98,6 +99,7 @@ class _Differ:
         self.fa, self.fb = Flow(ga), Flow(gb)
         self.pairs = align(self.fa, self.fb)
         self.a2b = {a: b for a, b in self.pairs if a is not None and b is not None}
+        self.packed_a, self.packed_b = packed_weights(ga), packed_weights(gb)
         self.b2a = {b: a for a, b in self.a2b.items()}
         # Constants pair by name first (the parameter path is the most stable identity),
         # then through the nodes that read them (source_diff), then by content hash.
@@ -126,7 +128,8 @@ class _Differ:
 
     def node_changes(self, i, j) -> list:
         fa, fb = self.fa, self.fb
-        out = []
+        op_a, op_b = self.ga.nodes[i].op, self.gb.nodes[j].op  # Linear vs QuantizedLinear
+        out = [] if op_a == op_b else [_entry("op", short_name(op_a), short_name(op_b))]
         attrs_a, attrs_b = dict(fa.attrs[i]), dict(fb.attrs[j])
         for name in list(attrs_a) + [n for n in attrs_b if n not in attrs_a]:
             if attrs_a.get(name) != attrs_b.get(name):
@@ -155,49 +158,23 @@ class _Differ:
         na, nb = SlotNames(self.ga), SlotNames(self.gb)
         out = []
         for i, j in self.pairs:
-            if i is None:
-                rec = self.gb.nodes[j]
-                out.append(
-                    {
-                        "change": "inserted",
-                        "b": j,
-                        "op": short_name(rec.op),
-                        "dtype_only": rec.op == "CastNode",
-                        "text": format_node(j, rec, nb),
-                    }
-                )
-            elif j is None:
+            if i is None or j is None:
+                side, k, g, names = ("b", j, self.gb, nb) if i is None else ("a", i, self.ga, na)
+                rec = g.nodes[k]
+                out.append({"change": "inserted" if i is None else "deleted", side: k,
+                            "op": short_name(rec.op), "dtype_only": rec.op == "CastNode",
+                            "text": format_node(k, rec, names)})
+                continue
+            fields = self.node_changes(i, j)
+            if fields:
                 rec = self.ga.nodes[i]
-                out.append(
-                    {
-                        "change": "deleted",
-                        "a": i,
-                        "op": short_name(rec.op),
-                        "dtype_only": rec.op == "CastNode",
-                        "text": format_node(i, rec, na),
-                    }
+                dtype_attrs = {f.name for f in op_spec(rec.op).table.fields if f.type == "DType"}
+                dtype_only = all(
+                    f["field"].endswith(".dtype") or f["field"] in dtype_attrs for f in fields
                 )
-            else:
-                fields = self.node_changes(i, j)
-                if fields:
-                    rec = self.ga.nodes[i]
-                    dtype_attrs = {
-                        f.name for f in op_spec(rec.op).table.fields if f.type == "DType"
-                    }
-                    dtype_only = all(
-                        f["field"].endswith(".dtype") or f["field"] in dtype_attrs for f in fields
-                    )
-                    out.append(
-                        {
-                            "change": "changed",
-                            "a": i,
-                            "b": j,
-                            "op": short_name(rec.op),
-                            "dtype_only": dtype_only,
-                            "fields": fields,
-                            "module_path": rec.provenance.module_path,
-                        }
-                    )
+                out.append({"change": "changed", "a": i, "b": j, "op": short_name(rec.op),
+                            "dtype_only": dtype_only, "fields": fields,
+                            "module_path": rec.provenance.module_path})
         return out
 
     def io(self, which) -> list:
@@ -217,6 +194,15 @@ class _Differ:
                 change = "added" if a is None else "removed" if b is None else "changed"
                 out.append({"name": name, "change": change, "a": a, "b": b, "fields": fields})
         return out
+
+    def constant_errors(self, k, m):
+        """(max_abs, max_rel) of a changed constant pair; a packed (quantized) weight on
+        either side is compared in dequantized space; None when nothing is comparable."""
+        if k in self.packed_a or m in self.packed_b:
+            return dequantized_errors(self.ga, k, self.gb, m)
+        same = self.ga.tensors[self.ga.constants[k].tensor].shape == self.gb.tensors[
+            self.gb.constants[m].tensor].shape
+        return constant_errors(self.ga, k, self.gb, m) if same else None
 
     def constants(self, stats: bool) -> list:
         ga, gb = self.ga, self.gb
@@ -242,8 +228,9 @@ class _Differ:
             if (a["hash"], a["dtype"], a["shape"]) == (b["hash"], b["dtype"], b["shape"]):
                 continue
             entry = {"change": "changed", "a": a, "b": b}
-            if stats and a["shape"] == b["shape"]:
-                entry["max_abs_diff"], entry["max_rel_diff"] = constant_errors(ga, k, gb, m)
+            errors = self.constant_errors(k, m) if stats else None
+            if errors is not None:
+                entry["max_abs_diff"], entry["max_rel_diff"] = errors
             out.append(entry)
         out.extend(
             {"change": "added", "a": None, "b": _const(gb, m)}
