@@ -100,39 +100,37 @@ class SafetensorsFile:
         self.path = path
         fd, _ = open_regular(path)   # a FIFO or device would block or never end
         with os.fdopen(fd, "rb") as f:
-            size = f.seek(0, 2)
+            size = os.fstat(f.fileno()).st_size
             if size < 8:
                 raise SafetensorsError(f"truncated: {size} bytes, not even a header length")
-            # Read, not mapped: a mapped file that shrinks under us (truncated by another
-            # process) would kill this one with SIGBUS on the next access.
-            f.seek(0)
-            self._bytes = f.read(size)
-            if len(self._bytes) != size:
+            (n,) = struct.unpack("<Q", _read_exact(f, 0, 8))
+            if n > MAX_HEADER_BYTES:
                 raise SafetensorsError(
-                    f"changed while being read: {len(self._bytes)} of {size} bytes")
-        (n,) = struct.unpack("<Q", self._bytes[:8])
-        if n > MAX_HEADER_BYTES:
-            raise SafetensorsError(f"header length {n} is over the {MAX_HEADER_BYTES}-byte limit")
-        if 8 + n > size:
-            raise SafetensorsError(
-                f"truncated: the header needs {n} bytes, the file has {size - 8} after its length"
-            )
-        try:
-            header = json.loads(bytes(self._bytes[8 : 8 + n]).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            raise SafetensorsError(f"header is not JSON ({e})") from None
-        if not isinstance(header, dict):
-            raise SafetensorsError("header is not a JSON object")
-        meta = header.pop("__metadata__", {})
-        if not isinstance(meta, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
-        ):
-            raise SafetensorsError("__metadata__ must map strings to strings")
-        self.metadata = meta
-        self._start = 8 + n
-        self.data = memoryview(self._bytes)[self._start :]
-        self.entries = {}
-        self._offsets = {}
+                    f"header length {n} is over the {MAX_HEADER_BYTES}-byte limit")
+            if 8 + n > size:
+                raise SafetensorsError(f"truncated: the header needs {n} bytes, the file has "
+                                       f"{size - 8} after its length")
+            header = _parse_header(_read_exact(f, 8, n))
+            self.metadata = header.pop("__metadata__")
+            self._start = 8 + n
+            self.entries, self._offsets = {}, {}
+            data_bytes = self._check_layout(header)
+            # Only now, with the layout known to tile the file exactly, is the data read:
+            # a file whose header does not add up costs the header, not its size. Read,
+            # not mapped: a mapped file that shrinks under us (truncated by another
+            # process) would kill this process with SIGBUS on the next access.
+            if self._start + data_bytes != size:
+                what = "truncated" if self._start + data_bytes > size else "trailing bytes"
+                raise SafetensorsError(f"{what}: the tensors need {data_bytes} data bytes, "
+                                       f"the file has {size - self._start}")
+            try:
+                self.data = memoryview(_read_exact(f, self._start, data_bytes)).toreadonly()
+            except MemoryError:
+                raise SafetensorsError(
+                    f"{data_bytes} data bytes do not fit in memory") from None
+
+    def _check_layout(self, header: dict) -> int:
+        """Fill entries/offsets; the tensors must tile the data section. Returns its size."""
         spans = []
         for name, entry in header.items():
             dtype, shape, (begin, end) = _entry(name, entry)
@@ -147,11 +145,7 @@ class SafetensorsFile:
                     f"tensor {name!r} starts at {begin}, expected {at} (gap or overlap)"
                 )
             at = end
-        if at != len(self.data):
-            what = "truncated" if at > len(self.data) else "trailing bytes"
-            raise SafetensorsError(
-                f"{what}: the tensors need {at} data bytes, the file has {len(self.data)}"
-            )
+        return at
 
     def seal_matches(self, seal: str) -> bool:
         """Whether metadata[seal] is the SHA-256 of the rest of the file (False if absent)."""
@@ -184,6 +178,32 @@ class SafetensorsFile:
         return np.frombuffer(
             self.data, dtype=np_dtype, count=count, offset=self._offsets[name]
         ).reshape(shape)
+
+
+def _read_exact(f, offset: int, n: int) -> bytes:
+    """``n`` bytes at ``offset``, or SafetensorsError if the file ends first (it shrank)."""
+    buf = bytearray(n)
+    f.seek(offset)
+    got = f.readinto(buf)
+    if got != n:
+        raise SafetensorsError(f"changed while being read: {got} of {n} bytes at {offset}")
+    return bytes(buf) if n < 4096 else buf
+
+
+def _parse_header(raw) -> dict:
+    """The JSON header as a dict with a checked ``__metadata__`` ({str: str})."""
+    try:
+        header = json.loads(bytes(raw).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise SafetensorsError(f"header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise SafetensorsError("header is not a JSON object")
+    meta = header.setdefault("__metadata__", {})
+    if not isinstance(meta, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
+    ):
+        raise SafetensorsError("__metadata__ must map strings to strings")
+    return header
 
 
 def _sealed_digest(meta: dict, header: dict):

@@ -54,3 +54,21 @@ def test_truncated_file_is_refused(tmp_path):
     path.write_bytes(data[:-100])
     with pytest.raises(SafetensorsError, match="truncated"):
         SafetensorsFile(path)
+
+
+def test_a_huge_sparse_file_is_refused_from_its_header(tmp_path):
+    # The header is checked against the file's size before any data is read: a 64 GiB
+    # sparse file costs its header, not 64 GiB of memory (it once raised MemoryError).
+    path = tmp_path / "huge.safetensors"
+    write(path, {"a": np.ones((4, 4), np.float32)}, {})
+    with open(path, "r+b") as f:
+        f.truncate(64 << 30)
+    with pytest.raises(SafetensorsError, match="trailing bytes"):
+        SafetensorsFile(path)
+
+
+def test_arrays_are_read_only(tmp_path):
+    path = tmp_path / "t.safetensors"
+    write(path, {"a": np.ones((4, 4), np.float32)}, {})
+    with pytest.raises(ValueError):
+        SafetensorsFile(path).array("a")[0, 0] = 2.0
