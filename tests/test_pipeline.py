@@ -105,20 +105,23 @@ def test_three_ranks_match_one_process(tmp_path, graph):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-gemma3",
-                                   "tiny-phi3", "hf-llama-4-layers"])
+                                   "tiny-phi3", "hf-llama-4-layers", "tiny-llama-q4"])
 def test_exported_models_on_two_and_three_ranks(tmp_path, model):
-    """The built-ins and a 4-layer Hugging Face folder, exported, on 2 and 3 ranks."""
+    """The built-ins, a 4-layer Hugging Face folder and a 4-bit export on 2 and 3 ranks."""
     from mlxgraph.exporter import export
     from mlxgraph.exporter.builtins import build_model, make_config
+    from mlxgraph.exporter.quantize import QuantizeRecipe
 
-    source = model
+    source, recipe = model, None
+    if model == "tiny-llama-q4":  # quantized weights: scales and biases go with their layer
+        source, recipe = "tiny-llama", QuantizeRecipe("q4")
     if model == "hf-llama-4-layers":
         source = tmp_path / "hf"
         config = make_config("llama", num_hidden_layers=4, hidden_size=64, intermediate_size=128,
                              num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
         build_model(config, seed=3).save_pretrained(source)
     graph = tmp_path / f"{model}.mlxg"
-    export(str(source), graph)
+    export(str(source), graph, quantize=recipe)
     for n in (2, 3):
         (tmp_path / str(n)).mkdir()
         docs = check_ranks(tmp_path / str(n), graph, n)
