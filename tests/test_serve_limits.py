@@ -196,6 +196,19 @@ def test_a_client_that_disconnects_frees_its_session(graph):
         assert httpx.post(f"{server.base}/completions", json=GOOD).status_code == 200
 
 
+def test_a_whole_request_whose_client_leaves_is_cancelled(graph):
+    body = {**GOOD, "max_tokens": 250, "ignore_eos": True}
+    with running_server(graph, "--max-sessions", 1, "--max-queue", 0) as server:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+            httpx.post(f"{server.base}/completions", json=body, timeout=0.05)
+
+        def freed():
+            stats = httpx.get(f"{server.url}/stats").json()
+            return stats["active"] == 0 and stats.get("cancelled") == 1
+
+        _wait_for(freed)
+
+
 def test_sigterm_finishes_streams_in_flight_then_exits_0(graph):
     server = start_server(graph, "--shutdown-timeout", 30)
     try:

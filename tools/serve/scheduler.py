@@ -188,7 +188,7 @@ class Scheduler:
                         self.options.max_sessions:
                     admitted.append(self._pending.popleft())
             for job in admitted:
-                if not job.cancelled:
+                if not self._dropped(job):
                     self._admit(job)
             self._active = [j for j in self._active if not self._dropped(j)]
             if self._active:
