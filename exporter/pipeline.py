@@ -259,6 +259,9 @@ def export(
         "parameters": sum(p.numel() for p in m.parameters()),
         "fusions": lowered["fusions"],
         "quantization": quantized,
+        # None, or the element_limit loading needs (a max-context step's largest tensor,
+        # e.g. the logits of a long context over a large vocabulary, is past the default).
+        "element_limit_needed": sizes.get("element_limit_needed"),
         "seconds": time.perf_counter() - t_start,
         "timings": timings,
     }

@@ -13,6 +13,7 @@ from mlxgraph.generated import mlxgraph_generated as fb
 from mlxgraph.schema import encode
 from mlxgraph.schema.atomic_write import write_atomically
 from mlxgraph.schema.dtypes import dtype_info
+from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.format import (
     ALIGNMENT,
     FILE_IDENTIFIER,
@@ -153,7 +154,9 @@ class GraphWriter:
 
     # ------------------------------------------------------------------ output
     def write(self, path, verify: bool = False) -> dict:
-        """Write the file; returns {'bytes', 'flatbuffer_bytes', 'constant_bytes'}.
+        """Write the file; returns {'bytes', 'flatbuffer_bytes', 'constant_bytes'} and, when
+        verified, 'element_limit_needed': None, or the largest tensor of a step when that is
+        more than the file's default element limit (loading then needs ``element_limit``).
 
         The file appears whole or not at all (schema/atomic_write.py).
 
@@ -191,9 +194,11 @@ class GraphWriter:
                     f.write(memoryview(data).cast("B"))
                 f.write(b"\0" * (align_up(offset + nbytes) - offset - nbytes))
 
-        check = (lambda tmp: _verify_written(tmp, path)) if verify else None
+        found = {}
+        check = (lambda tmp: found.update(_verify_written(tmp, path))) if verify else None
         write_atomically(path, fill, check=check)
-        return {"bytes": cursor, "flatbuffer_bytes": len(buf), "constant_bytes": segment_length}
+        return {"bytes": cursor, "flatbuffer_bytes": len(buf), "constant_bytes": segment_length,
+                **found}
 
     def _build(self, segment_offset, layout, segment_length=2**62) -> bytes:
         b = flatbuffers.Builder(1 << 16)
@@ -232,13 +237,30 @@ class GraphWriter:
         return bytes(out)
 
 
-def _verify_written(tmp, path) -> None:
-    """Verify the file just written at ``tmp`` (errors name ``path``; the caller deletes it)."""
+def _verify_written(tmp, path) -> dict:
+    """Verify the file just written at ``tmp`` (errors name ``path``; the caller deletes it).
+
+    The element limit is a loader's policy, not a property of a valid file: the file is
+    verified without it, and {'element_limit_needed'} says whether a default load would
+    refuse it (then it is the largest step tensor, the ``element_limit`` to load it with).
+    """
     data, size, constants = read_file(tmp)
     try:
-        verify_report(data, path=path, size=size, constants=constants)
+        report = verify_report(data, path=path, size=size, constants=constants,
+                               element_limit=_UNLIMITED)
+        try:
+            verify_report(data, path=path, size=size, constants=constants)
+            needed = None
+        except GraphFormatError:
+            # (A slot whose size is only known at run time counts as the limit itself:
+            # the loader checks it against whatever limit it is given.)
+            needed = max((n for n in report.bounds.slot_elements if n < _UNLIMITED), default=0)
     finally:
         constants.close()
+    return {"element_limit_needed": needed}
 
+
+# Far past any machine's memory; below 2**63 so element counts stay exact integers.
+_UNLIMITED = 2**62
 
 __all__ = ["GraphWriter", "Operand", "Provenance", "ALIGNMENT"]

@@ -101,3 +101,26 @@ def test_exports_in_one_process_and_in_threads_match_a_fresh_process(tmp_path, t
         t.join()
     assert not errors, errors
     assert results["t1"] == want and results["t2"] == want
+
+
+def test_a_graph_past_the_default_element_limit_is_kept_and_names_the_limit(tmp_path, capsys):
+    """A max-T step's logits (32768 x 70000 = 2.29G elements) are past any default limit:
+    the file is still valid, so the verified write keeps it and says what loading needs."""
+    from synthetic_graphs import llama
+    from tool_helpers import run_cli
+
+    import mlxgraph
+
+    writers = []
+    llama(layers=1, hidden=16, heads=2, kv_heads=1, intermediate=32, vocab=70000,
+          max_context=32768).write(tmp_path / "unused.mlxg", rewrite=writers.append)
+    path = tmp_path / "wide.mlxg"
+    needed = writers[0].write(path, verify=True)["element_limit_needed"]
+    assert needed == 32768 * 70000
+    with pytest.raises(GraphFormatError, match="more than the limit"):
+        mlxgraph.load(path)
+    logits = mlxgraph.load(path, element_limit=needed).session(capacity=8).step([[1, 2]], [0, 1])
+    assert logits.shape == (1, 2, 70000)
+    code, out, err = run_cli(capsys, "generate", path, "--prompt-ids", "1,2", "--max-tokens", 2,
+                             "--element-limit", needed, "--json")
+    assert code == 0, err

@@ -80,6 +80,11 @@ def _summary(stats: dict) -> str:
         lines.append(f"  quantized  {q['mode']}, group size {q['group_size']}: {done} "
                      f"(embedding {q['embedding']}, lm_head {q['lm_head']})")
         lines += [f"  kept float {k}" for k in q["kept_float"]]
+    needed = stats.get("element_limit_needed")
+    if needed:
+        lines.append(f"  note       a max-T step holds a tensor of {needed:,} elements, past the "
+                     f"default load limit: load with element_limit={needed} "
+                     f"(--element-limit {needed})")
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ them all, interleaved. Needs the ``serve`` extra (starlette, uvicorn).
 """
 
 from mlxgraph.tools.output import ToolError, fail, non_negative_int, positive_int
+from mlxgraph.tools.text_options import add_element_limit_option
 
 INSTALL_HINT = "needs starlette and uvicorn: pip install 'mlxgraph[serve]'"
 
@@ -33,6 +34,7 @@ def add_arguments(p) -> None:
     p.add_argument("--kv-dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="KV cache storage dtype (default: the compute dtype)")
     p.add_argument("--compute-dtype", choices=("float32",), help="widen float16/bfloat16 at load")
+    add_element_limit_option(p)
     p.add_argument("--shutdown-timeout", type=positive_int, default=10,
                    help="seconds streams in flight may take after SIGTERM (default 10)")
     p.add_argument("--log-level", choices=("warning", "info", "debug"), default="info",

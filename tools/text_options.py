@@ -113,6 +113,16 @@ def add_text_options(p) -> None:
     p.add_argument(
         "--compute-dtype", choices=("float32",), help="widen float16/bfloat16 at load"
     )
+    add_element_limit_option(p)
+
+
+def add_element_limit_option(p) -> None:
+    """--element-limit: raise the per-tensor cost bound a load checks (schema/verify_bounds)."""
+    from mlxgraph.tools.output import positive_count
+
+    p.add_argument("--element-limit", type=positive_count, default=None, metavar="N",
+                   help="the most elements a tensor of a step may have (default: the file's "
+                   "own bound; export names the value a large model needs)")
 
 
 def check_text_options(args) -> None:
@@ -172,6 +182,7 @@ def open_program(args, need_tokenizer: bool):
 
     try:
         program = Program.load(args.graph, compute_dtype=getattr(args, "compute_dtype", None),
+                               element_limit=getattr(args, "element_limit", None),
                                **load_options(args))
     except (GraphFormatError, PipelineError) as e:
         raise ToolError(str(e)) from None
@@ -232,6 +243,7 @@ def make_session(program, args):
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "DEFAULT_PREFILL_CHUNK",
+    "add_element_limit_option",
     "add_text_options",
     "check_text_options",
     "make_sampler",
