@@ -182,18 +182,18 @@ def test_alignment_is_fast_on_thousands_of_nodes(tmp_path):
         ga, gb = open_checked(a), open_checked(b)
         best = float("inf")
         for _ in range(2):
-            t0 = time.perf_counter()
+            t0 = time.process_time()   # this process's CPU: other processes' load counts less
             doc = diff_graphs(ga, gb)
-            best = min(best, time.perf_counter() - t0)
+            best = min(best, time.process_time() - t0)
         assert [n["change"] for n in doc["nodes"]] == ["inserted"]
         assert doc["summary"]["aligned"] == len(ga.nodes)
         return len(ga.nodes), best
 
-    (n_small, small), (n_big, big) = timed(32), timed(64)
+    (n_small, small), (n_big, big) = timed(16), timed(64)
     assert n_big > 3000
-    # A ratio in one run, not a wall-clock bound (shared machines are noisy): twice the
-    # nodes in about twice the time; a quadratic alignment would take ~4x.
-    assert big / small < 3.0, (n_small, small, n_big, big)
+    # A ratio in one run, not a wall-clock bound (shared machines are noisy): four times the
+    # nodes in about four times the time; a quadratic alignment would take ~16x.
+    assert big / small < 8.0, (n_small, small, n_big, big)
 
 
 def test_unreadable_file_exit_2(capsys, base, tmp_path):

@@ -37,7 +37,8 @@ def test_huge_vector_count_is_checked_before_use(tmp_path):
     for count in (0xFFFFFFFF, 0x7FFFFFFF, 1 << 28):
         t0 = time.perf_counter()
         e = fault(patched(data, vec, "I", count))
-        assert time.perf_counter() - t0 < 0.1 and e.field == "tensors" and "claims" in e.reason
+        # Generous: walking a claimed 2**32 entries would take minutes, not seconds.
+        assert time.perf_counter() - t0 < 2.0 and e.field == "tensors" and "claims" in e.reason
 
 
 def test_bad_offsets_and_unterminated_string(tmp_path):
@@ -117,7 +118,7 @@ def test_shared_subobjects_do_not_blow_up(tmp_path):
     data += b"\0" * (align_up(len(data)) - len(data))
     t0 = time.perf_counter()
     e = fault(data)
-    assert time.perf_counter() - t0 < 1.0 and "more objects" in e.reason
+    assert time.perf_counter() - t0 < 5.0 and "more objects" in e.reason
 
 
 def _key_value_with_a_third_field(present: bool) -> bytes:
@@ -235,17 +236,18 @@ def _best_verify_seconds(w, path) -> float:
     data = path.read_bytes()
     times = []
     for _ in range(3):
-        t0 = time.perf_counter()
+        t0 = time.process_time()   # this process's CPU: other processes' load counts less
         verify_buffer(data)
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     return min(times)
 
 
 def test_verification_scales_linearly_to_thousands_of_nodes(tmp_path):
-    """Twice the nodes take about twice the time (a ratio in one run, not a wall-clock bound:
-    timings on a shared machine are noisy; benchmarks/tools_bench.py has the figures)."""
-    big = _layered(150)
+    """Four times the nodes take about four times the time (a ratio in one run, not a
+    wall-clock bound: timings on a shared machine are noisy; benchmarks/tools_bench.py has
+    the figures). Quadratic work would give ~16, so the bound (8) leaves room for noise."""
+    big = _layered(160)
     assert len(big.nodes) > 3000 and len(big.tensors) > 3000
-    small = _best_verify_seconds(_layered(75), tmp_path / "small.mlxg")
+    small = _best_verify_seconds(_layered(40), tmp_path / "small.mlxg")
     ratio = _best_verify_seconds(big, tmp_path / "big.mlxg") / small
-    assert ratio < 3.0, ratio  # quadratic work would give ~4
+    assert ratio < 8.0, ratio
