@@ -237,7 +237,9 @@ def run_fuzz(tmp_path, cases: int, seed: int = 20240601) -> dict:
             assert peak <= MEMORY_FACTOR * len(data) + MEMORY_SLACK, (
                 f"case {case}: {peak} bytes for {len(data)}"
             )
-        assert elapsed < 1.0, f"case {case} took {elapsed:.2f} s"
+        # Bounded work, not a speed figure (the slowest case takes tens of ms when idle; the
+        # bound only has to catch a runaway walk, on a loaded machine too).
+        assert elapsed < 5.0, f"case {case} took {elapsed:.2f} s"
         stats["max_seconds"] = max(stats["max_seconds"], elapsed)
         if valid:
             stats["valid"] += 1
