@@ -124,3 +124,4 @@ def test_a_graph_past_the_default_element_limit_is_kept_and_names_the_limit(tmp_
     code, out, err = run_cli(capsys, "generate", path, "--prompt-ids", "1,2", "--max-tokens", 2,
                              "--element-limit", needed, "--json")
     assert code == 0, err
+

@@ -8,6 +8,7 @@ Exit codes (EXIT_CODES, the one table the README and docs repeat): 0 success (or
 
 import argparse
 import importlib
+import os
 import sys
 
 from mlxgraph.tools.output import escaped_output, fail
@@ -100,6 +101,12 @@ def main(argv=None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    if argv is None and args.command == "export" and "PYTHONHASHSEED" not in os.environ:
+        # Some transformers models (Gemma-3, Llama-4, ...) build nodes in `set` order, which
+        # follows the per-process string hash seed: the same export from two runs would
+        # differ. A fixed seed makes the file reproducible; re-run before torch is imported.
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        os.execve(sys.executable, [sys.executable, "-m", "mlxgraph", *sys.argv[1:]], env)
     try:
         if args.command in ESCAPED:
             with escaped_output():
