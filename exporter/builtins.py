@@ -25,9 +25,10 @@ TRAINED_BUILTINS = {"tiny-code": Path(__file__).with_name("models") / "tiny-code
 
 BYTE_BOS, BYTE_EOS = 2, 3
 # transformers initialises weights from torch's global generator and builds a model under
-# process-global settings: two builds (or folder loads) in two threads at once interfere,
-# so they take turns.
-BUILD_LOCK = threading.Lock()
+# process-global settings (a float16 load switches torch's default dtype for everyone): two
+# builds (or folder loads) in two threads at once interfere, and so would a build beside a
+# torch.export, so all of them take turns on this one lock (exporter/pipeline.py too).
+BUILD_LOCK = threading.RLock()
 
 _COMMON = dict(
     vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=4,

@@ -4,7 +4,6 @@ Steps (each reported through ``progress``): load the model, torch.export it thro
 adapter with a dynamic sequence length, run_decompositions, lower to graph nodes, write.
 """
 
-import threading
 import time
 import warnings
 from collections import Counter
@@ -33,8 +32,9 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 INPUT_DTYPE = torch.int32
 # torch.export and run_decompositions keep process-global state (the dispatch mode stack,
 # the module hierarchy being traced): two at once in two threads corrupt each other, so
-# they take turns. Lowering and writing need no lock (their state is the export's own).
-_TORCH_EXPORT_LOCK = threading.Lock()
+# they take turns, on the same lock as model building (which changes torch's defaults).
+# Lowering and writing need no lock (their state is the export's own).
+_TORCH_EXPORT_LOCK = BUILD_LOCK
 
 
 def _no_progress(_message: str) -> None:
