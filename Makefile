@@ -62,3 +62,4 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/perplexity_bench.py
 	$(PY) benchmarks/chat_bench.py
 	$(PY) benchmarks/serve_bench.py
+	$(PY) benchmarks/quantized_bench.py

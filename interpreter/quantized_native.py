@@ -18,6 +18,9 @@ import mlx.core as mx
 
 KERNEL_ENV = "MLXGRAPH_QUANTIZED_KERNEL"    # "mlx": never use the native kernel
 THREADS_ENV = "MLXGRAPH_QUANTIZED_THREADS"  # threads of the native kernel (default: 2 at most)
+# Float32 steps of more rows than this dequantize the weight and take the BLAS matmul
+# (benchmarks/quantized_bench.py: ~10x MLX's CPU quantized_matmul from 8 rows on).
+PREFILL_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -32,10 +35,12 @@ class NativeKernel:
 
     def describe(self) -> str:
         """One line for the stats: which kernel a QuantizedLinear runs on."""
+        longer = (f"float32 steps of > {PREFILL_ROWS} rows: dequantize + BLAS matmul; "
+                  "otherwise mx.quantized_matmul")
         if self.fn is None:
-            return f"mx.quantized_matmul ({self.reason})"
+            return f"{longer} ({self.reason})"
         return (f"native matvec ({self.simd}, {self.threads} threads) for float32 steps of "
-                f"<= {self.max_rows} rows, mx.quantized_matmul otherwise")
+                f"<= {self.max_rows} rows; {longer}")
 
     def as_dict(self) -> dict:
         """JSON-ready: native (bool), simd, threads, max_rows, reason."""
@@ -76,5 +81,11 @@ def eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -> boo
     """Whether the native kernel computes this product: float32, few rows, a group of
     whole 8-word vectors (q4: group 64 or 128; q8: any)."""
     return (kernel.fn is not None and x.dtype == mx.float32 and scales.dtype == mx.float32
-            and x.ndim >= 1 and x.size // max(x.shape[-1], 1) <= kernel.max_rows
+            and x.ndim >= 1 and 1 <= x.size // max(x.shape[-1], 1) <= kernel.max_rows
             and (group_size * bits // 32) % 8 == 0)
+
+
+def prefill_sized(x, scales) -> bool:
+    """Whether a float32 product has more rows than PREFILL_ROWS (dequantize + matmul)."""
+    return (x.dtype == mx.float32 and scales.dtype == mx.float32 and x.ndim >= 1
+            and x.size // max(x.shape[-1], 1) > PREFILL_ROWS)

@@ -1,23 +1,30 @@
 """Kernels of quantized weights (format 1.2): QuantizedLinear and QuantizedEmbedding through
 MLX's own quantized ops, which read the packed layout directly on every device, and on the
 CPU the native matrix-vector kernel for decode-sized float32 steps when the install built
-it (interpreter/quantized_native.py)."""
+it, and a dequantized weight under the BLAS matmul for longer ones
+(interpreter/quantized_native.py)."""
 
 import mlx.core as mx
 
 from mlxgraph.interpreter.kernels import register
-from mlxgraph.interpreter.quantized_native import eligible, native_kernel
+from mlxgraph.interpreter.quantized_native import eligible, native_kernel, prefill_sized
 
 
 @register("QuantizedLinear")
 def quantized_linear(x, weight, scales, biases, bias, group_size, bits):
     """x @ W.T (+ bias), W the dequantized [out_features, in_features] weight."""
     native = native_kernel()
-    if eligible(native, x, scales, group_size, bits) and mx.default_device() == mx.cpu:
+    on_cpu = mx.default_device() == mx.cpu
+    if on_cpu and eligible(native, x, scales, group_size, bits):
         y = native.fn(x, weight, scales, biases, group_size, bits)
-        return y if bias is None else y + bias
-    y = mx.quantized_matmul(x, weight, scales, biases, transpose=True, group_size=group_size,
-                            bits=bits)
+    elif on_cpu and prefill_sized(x, scales):
+        # MLX's CPU quantized_matmul is a plain loop (~20x a float32 matmul at 128 rows):
+        # a prefill-sized step dequantizes the weight and takes the BLAS matmul instead.
+        w = mx.dequantize(weight, scales, biases, group_size=group_size, bits=bits)
+        y = mx.matmul(x, w.T)
+    else:
+        y = mx.quantized_matmul(x, weight, scales, biases, transpose=True,
+                                group_size=group_size, bits=bits)
     return y if bias is None else y + bias
 
 

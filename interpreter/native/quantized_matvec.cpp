@@ -38,10 +38,13 @@ namespace {
 constexpr int MAX_ROWS = 4;   // the small-batch bound: more rows go to MLX's own op
 constexpr int LANES = 8;      // words per vector step (32-byte vectors of uint32)
 typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
 typedef float v8f __attribute__((vector_size(32)));
 
 #if defined(__x86_64__)
-#define MLXG_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+// x86-64-v4: AVX-512 (F, BW, DQ, VL); v3: AVX2 with FMA; default: SSE2.
+#define MLXG_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define MLXG_CLONES
 #endif
@@ -56,8 +59,9 @@ struct Problem {
   int m, n, k, bits, group_size;
 };
 
-// Rows [lo, hi) of W against every x row. Words per group is a multiple of LANES.
-template <int BITS>
+// Rows [lo, hi) of W against the M rows of x. Words per group is a multiple of LANES.
+// M is a template parameter so the accumulators stay in registers.
+template <int BITS, int M>
 MLXG_CLONES void rows_kernel(const Problem& p, int lo, int hi) {
   constexpr int PER_WORD = 32 / BITS;
   constexpr uint32_t MASK = (1u << BITS) - 1;
@@ -65,16 +69,18 @@ MLXG_CLONES void rows_kernel(const Problem& p, int lo, int hi) {
   const int wpg = words / groups;
   for (int r = lo; r < hi; ++r) {
     const uint32_t* wr = p.w + (size_t)r * words;
-    v8f acc[MAX_ROWS] = {};
+    v8f acc[M] = {};
     for (int g = 0; g < groups; ++g) {
-      v8f part[MAX_ROWS] = {};
+      v8f part[M] = {};
       for (int i = g * wpg; i < (g + 1) * wpg; i += LANES) {
         v8u word;
         std::memcpy(&word, wr + i, sizeof(word));
+#pragma GCC unroll 8
         for (int j = 0; j < PER_WORD; ++j) {
-          v8u code = (word >> (uint32_t)(BITS * j)) & MASK;
+          // Codes fit in 8 bits: a signed conversion (one instruction on every level).
+          v8i code = (v8i)((word >> (uint32_t)(BITS * j)) & MASK);
           v8f c = __builtin_convertvector(code, v8f);
-          for (int m = 0; m < p.m; ++m) {
+          for (int m = 0; m < M; ++m) {
             v8f xv;
             std::memcpy(&xv, p.planes + ((size_t)m * PER_WORD + j) * words + i, sizeof(xv));
             part[m] += c * xv;
@@ -82,9 +88,9 @@ MLXG_CLONES void rows_kernel(const Problem& p, int lo, int hi) {
         }
       }
       const float s = p.scales[(size_t)r * groups + g];
-      for (int m = 0; m < p.m; ++m) acc[m] += s * part[m];
+      for (int m = 0; m < M; ++m) acc[m] += s * part[m];
     }
-    for (int m = 0; m < p.m; ++m) {
+    for (int m = 0; m < M; ++m) {
       float total = 0;
       for (int l = 0; l < LANES; ++l) total += acc[m][l];
       const float* xs = p.xsum + (size_t)m * groups;
@@ -93,6 +99,21 @@ MLXG_CLONES void rows_kernel(const Problem& p, int lo, int hi) {
       p.y[(size_t)m * p.n + r] = total;
     }
   }
+}
+
+template <int BITS>
+void rows_for_bits(const Problem& p, int lo, int hi) {
+  switch (p.m) {
+    case 1: return rows_kernel<BITS, 1>(p, lo, hi);
+    case 2: return rows_kernel<BITS, 2>(p, lo, hi);
+    case 3: return rows_kernel<BITS, 3>(p, lo, hi);
+    default: return rows_kernel<BITS, 4>(p, lo, hi);
+  }
+}
+
+void dispatch_rows(const Problem& p, int lo, int hi) {
+  if (p.bits == 4) rows_for_bits<4>(p, lo, hi);
+  else rows_for_bits<8>(p, lo, hi);
 }
 
 // A small pool: the caller runs one share, the workers the others; workers sleep between calls.
@@ -172,6 +193,7 @@ Pool& pool() {
 }
 
 void matvec(Problem& p) {
+  if (p.m == 0 || p.n == 0) return;
   const int per_word = 32 / p.bits, words = p.k / per_word, groups = p.k / p.group_size;
   const int gsz = p.group_size;
   std::vector<float> planes((size_t)p.m * p.k), xsum((size_t)p.m * groups);
@@ -189,13 +211,12 @@ void matvec(Problem& p) {
   }
   p.planes = planes.data();
   p.xsum = xsum.data();
-  // Below ~64k weights a thread's wake-up costs more than its share of the work.
+  // Below ~1M weights a thread's wake-up costs more than its share of the work.
   const long weights = (long)p.n * p.k;
-  const int shares = weights < 65536 ? 1 : std::min(g_threads, std::max(1, p.n / 8));
+  const int shares = weights < (1L << 20) ? 1 : std::min(g_threads, std::max(1, p.n / 8));
   auto run = [&](int share) {
     const int lo = (int)((long)p.n * share / shares), hi = (int)((long)p.n * (share + 1) / shares);
-    if (p.bits == 4) rows_kernel<4>(p, lo, hi);
-    else rows_kernel<8>(p, lo, hi);
+    dispatch_rows(p, lo, hi);
   };
   pool().run(shares, run);
 }
@@ -264,8 +285,8 @@ mx::array quantized_matvec(const mx::array& x_in, const mx::array& w, const mx::
 std::string simd() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return "avx512f";
-  if (__builtin_cpu_supports("avx2")) return "avx2";
+  if (__builtin_cpu_supports("x86-64-v4")) return "avx512 (x86-64-v4)";
+  if (__builtin_cpu_supports("x86-64-v3")) return "avx2+fma (x86-64-v3)";
   return "baseline";
 #elif defined(__aarch64__)
   return "neon";
