@@ -179,12 +179,12 @@ class Pool {
   bool stop_ = false;
 };
 
-int g_threads = 1;
+std::atomic<int> g_threads{1};
 Pool* g_pool = nullptr;
-std::mutex g_pool_mu;
+std::mutex g_pool_mu;   // held for a whole product: the pool serves one caller at a time
+                        // (two CPU streams may run products concurrently)
 
-Pool& pool() {
-  std::lock_guard<std::mutex> lock(g_pool_mu);
+Pool& pool() {  // call with g_pool_mu held
   if (g_pool == nullptr || g_pool->size() != g_threads) {
     delete g_pool;
     g_pool = new Pool(g_threads);
@@ -211,14 +211,17 @@ void matvec(Problem& p) {
   }
   p.planes = planes.data();
   p.xsum = xsum.data();
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  Pool& workers = pool();
   // Below ~1M weights a thread's wake-up costs more than its share of the work.
   const long weights = (long)p.n * p.k;
-  const int shares = weights < (1L << 20) ? 1 : std::min(g_threads, std::max(1, p.n / 8));
+  const int shares =
+      weights < (1L << 20) ? 1 : std::min(workers.size(), std::max(1, p.n / 8));
   auto run = [&](int share) {
     const int lo = (int)((long)p.n * share / shares), hi = (int)((long)p.n * (share + 1) / shares);
     dispatch_rows(p, lo, hi);
   };
-  pool().run(shares, run);
+  workers.run(shares, run);
 }
 
 class QuantizedMatvec : public mx::Primitive {
@@ -304,6 +307,6 @@ NB_MODULE(_quantized_matvec, m) {
         "x @ dequantize(w).T for float32 x of at most 4 rows (lazy MLX array).");
   m.def("simd", &simd, "The instruction set the kernel's dispatch picks on this CPU.");
   m.def("set_threads", [](int n) { g_threads = n < 1 ? 1 : n; }, nb::arg("threads"));
-  m.def("threads", [] { return g_threads; });
+  m.def("threads", [] { return g_threads.load(); });
   m.attr("MAX_ROWS") = MAX_ROWS;
 }
