@@ -189,11 +189,12 @@ def test_alignment_is_fast_on_thousands_of_nodes(tmp_path):
         assert doc["summary"]["aligned"] == len(ga.nodes)
         return len(ga.nodes), best
 
-    (n_small, small), (n_big, big) = timed(16), timed(64)
+    (n_small, small), (n_big, big) = timed(8), timed(64)
     assert n_big > 3000
-    # A ratio in one run, not a wall-clock bound (shared machines are noisy): four times the
-    # nodes in about four times the time; a quadratic alignment would take ~16x.
-    assert big / small < 8.0, (n_small, small, n_big, big)
+    # A ratio in one run, not a wall-clock bound (shared machines are noisy, by 2-3x under
+    # load): eight times the nodes in about eight times the time; a quadratic alignment would
+    # take ~64x, so the bound (32) separates the two with room for the noise.
+    assert big / small < 32.0, (n_small, small, n_big, big)
 
 
 def test_unreadable_file_exit_2(capsys, base, tmp_path):

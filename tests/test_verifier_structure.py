@@ -235,7 +235,7 @@ def _best_verify_seconds(w, path) -> float:
     w.write(path)
     data = path.read_bytes()
     times = []
-    for _ in range(3):
+    for _ in range(5):
         t0 = time.process_time()   # this process's CPU: other processes' load counts less
         verify_buffer(data)
         times.append(time.process_time() - t0)
@@ -243,11 +243,12 @@ def _best_verify_seconds(w, path) -> float:
 
 
 def test_verification_scales_linearly_to_thousands_of_nodes(tmp_path):
-    """Four times the nodes take about four times the time (a ratio in one run, not a
-    wall-clock bound: timings on a shared machine are noisy; benchmarks/tools_bench.py has
-    the figures). Quadratic work would give ~16, so the bound (8) leaves room for noise."""
+    """Eight times the nodes take about eight times the time (a ratio in one run, not a
+    wall-clock bound: timings on a shared machine are noisy, by 2-3x under load;
+    benchmarks/tools_bench.py has the figures). Quadratic work would give ~64, so the bound
+    (32) separates the two with room for that noise."""
     big = _layered(160)
     assert len(big.nodes) > 3000 and len(big.tensors) > 3000
-    small = _best_verify_seconds(_layered(40), tmp_path / "small.mlxg")
+    small = _best_verify_seconds(_layered(20), tmp_path / "small.mlxg")
     ratio = _best_verify_seconds(big, tmp_path / "big.mlxg") / small
-    assert ratio < 8.0, ratio
+    assert ratio < 32.0, ratio
