@@ -180,14 +180,14 @@ class SafetensorsFile:
         ).reshape(shape)
 
 
-def _read_exact(f, offset: int, n: int) -> bytes:
+def _read_exact(f, offset: int, n: int) -> bytearray:
     """``n`` bytes at ``offset``, or SafetensorsError if the file ends first (it shrank)."""
     buf = bytearray(n)
     f.seek(offset)
     got = f.readinto(buf)
     if got != n:
         raise SafetensorsError(f"changed while being read: {got} of {n} bytes at {offset}")
-    return bytes(buf) if n < 4096 else buf
+    return buf
 
 
 def _parse_header(raw) -> dict:

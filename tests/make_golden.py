@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from tiny_graph import split_heads
 
 from mlxgraph.schema.format import format_version
 from mlxgraph.schema.records import LayerCacheInfo, Operand, Provenance
@@ -75,21 +76,7 @@ def build_sample(seed: int = 0, vocab: int = VOCAB) -> GraphWriter:
             weight=wt,
             out=lin,
         )
-        r = t(f"{name}_4d", (1, "T", n, D))
-        w.add_node(
-            "Reshape",
-            x=lin,
-            out=r,
-            shape=[
-                Operand.literal(1),
-                Operand.value(t_val),
-                Operand.literal(n),
-                Operand.literal(D),
-            ],
-        )
-        tr = t(f"{name}_heads", (1, n, "T", D))
-        w.add_node("Permute", x=r, out=tr, perm=[0, 2, 1, 3])
-        heads[name] = tr
+        heads[name] = split_heads(w, lin, name, n, D, t_val)
     att = t("attn", (1, HEADS, "T", D))
     w.add_node(
         "UpdateAndAttend",

@@ -13,6 +13,18 @@ from mlxgraph.schema.writer import GraphWriter
 VOCAB, HIDDEN, HQ, HKV, D = 32, 16, 4, 2, 8
 
 
+def split_heads(w, lin, name: str, heads: int, head_dim: int, t_val) -> int:
+    """[1, T, heads * head_dim] -> [1, heads, T, head_dim] (Reshape, then Permute), as an
+    exported graph splits a projection into heads; returns the new tensor slot."""
+    r = w.add_tensor(f"{name}_4d", "float32", (1, "T", heads, head_dim))
+    shape = [Operand.literal(1), Operand.value(t_val), Operand.literal(heads),
+             Operand.literal(head_dim)]
+    w.add_node("Reshape", x=lin, out=r, shape=shape)
+    out = w.add_tensor(f"{name}_heads", "float32", (1, heads, "T", head_dim))
+    w.add_node("Permute", x=r, out=out, perm=[0, 2, 1, 3])
+    return out
+
+
 def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,), record_layers=True,
                      recorded_kv_heads=HKV):
     """Write the tiny graph to ``path``; returns its weights (for the oracle).
@@ -58,21 +70,7 @@ def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,), r
             weight=c[f"w{name}"],
             out=lin,
         )
-        r = t(f"{name}_4d", (1, "T", h, D))
-        w.add_node(
-            "Reshape",
-            x=lin,
-            out=r,
-            shape=[
-                Operand.literal(1),
-                Operand.value(t_val),
-                Operand.literal(h),
-                Operand.literal(D),
-            ],
-        )
-        tr = t(f"{name}_heads", (1, h, "T", D))
-        w.add_node("Permute", x=r, out=tr, perm=[0, 2, 1, 3])
-        heads[name] = tr
+        heads[name] = split_heads(w, lin, name, h, D, t_val)
     att = None
     for layer in range(len(windows)):
         one = t(f"attn{layer}", (1, HQ, "T", D))
