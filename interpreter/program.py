@@ -154,6 +154,39 @@ class Program:
 
         return restore(self, path)
 
+    @cached_property
+    def batching(self):
+        """Whether sessions of this program may be stepped together (``step_batch``): a
+        ``Batching`` whose ``problem`` is None, or one line naming the node that would let
+        one row see another (interpreter/token_rows.py). Worked out once, on first use."""
+        from mlxgraph.interpreter.token_rows import analyse
+
+        return analyse(self)
+
+    def step_batch(self, rows, observer=None) -> list:
+        """Step several sessions of this program in one evaluation.
+
+        The rows' tokens are packed one after another into one step, so the weights are
+        read once for all of them; each row attends over its own session's history only.
+        Afterwards every session is as if it had been stepped alone (its length, its
+        cache; logits equal within float rounding of the batched matrix products).
+
+        Args:
+            rows: ``[(session, tokens, positions), ...]``: distinct sessions of this
+                program, each with a step's tokens ``[1, T_i]`` (decode rows and prefill
+                chunks may mix) and positions ``length .. length + T_i - 1``.
+            observer: as for ``Session.step`` (it sees the packed step).
+        Returns:
+            Each row's output (``logits`` [1, T_i, vocab], or a dict), lazy, in row order.
+        Raises:
+            SessionError: a bad row, a session in use, a row rejected (as ``step`` would
+                reject it), or a graph that cannot batch (``batching.problem``).
+            CacheError / GraphRuntimeError: as ``step``. On any error no session changed.
+        """
+        from mlxgraph.interpreter.batch_step import step_batch
+
+        return step_batch(self, rows, observer)
+
     def session(self, capacity=None, kv_dtype=None, windows=None, preallocate=False, max_step=None,
                 kv_bits=0, kv_group_size=64):
         """Start a session: its own KV stores and value slots over this program's weights.

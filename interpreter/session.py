@@ -8,18 +8,11 @@ stores stage their writes and only commit once every node has run.
 
 from numbers import Integral
 
-import mlx.core as mx
-
-from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
-from mlxgraph.interpreter.index_guard import (
-    PendingChecks,
-    check_output,
-    failed_check_error,
-    guard_node_indices,
-    poison,
-)
+from mlxgraph.interpreter.errors import SessionError
+from mlxgraph.interpreter.index_guard import PendingChecks, failed_check_error, poison
 from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, make_store
 from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
+from mlxgraph.interpreter.node_runner import run_nodes
 from mlxgraph.interpreter.session_lock import SessionLock
 from mlxgraph.interpreter.session_options import (
     MAX_CAPACITY,
@@ -35,10 +28,6 @@ from mlxgraph.interpreter.step_inputs import (
     host_positions,
     plan_inputs,
 )
-from mlxgraph.schema.spec import FieldKind, op_spec
-
-TENSOR, TENSOR_LIST, VALUE = FieldKind.TENSOR, FieldKind.TENSOR_LIST, FieldKind.VALUE
-OUT, VALUE_OUT = FieldKind.OUT, FieldKind.VALUE_OUT
 
 DEFAULT_CAPACITY = 4096
 
@@ -250,51 +239,7 @@ class Session(SessionState):
         return next(iter(outs.values())) if len(outs) == 1 else outs
 
     def _run(self, tensors, values, observer, flags, check_sizes):
-        ctx = self._ctx
-        for node in self.program.nodes:
-            kw = node.fixed.copy()
-            for name, slot in node.tensor_reads:
-                kw[name] = tensors[slot]
-            for name, how, where in node.reads:
-                if how is VALUE:
-                    kw[name] = values[where]
-                elif how is TENSOR_LIST:
-                    kw[name] = [tensors[i] for i in where]
-                else:  # OPERAND_LIST: tensors, runtime ints and literals mixed
-                    kw[name] = [tensors[w] if h is TENSOR else values[w] if h is VALUE else w
-                                for h, w in where]
-            if node.needs_context:
-                kw["ctx"] = ctx
-            try:
-                if node.guard is not None:
-                    guard_node_indices(node, kw, flags)
-                result = node.fn(**kw)
-                if check_sizes:
-                    check_output(node, result)
-            except Exception as e:
-                raise self._node_error(node, e) from e
-            if node.out_kind is VALUE_OUT:
-                values[node.out_slots[0]] = result
-                outputs = [result]
-            else:
-                outputs = [result] if node.out_kind is OUT else list(result)
-                for i, (slot, dtype) in enumerate(zip(node.out_slots, node.out_dtypes)):
-                    arr = outputs[i]
-                    if dtype is not None and isinstance(arr, mx.array) and arr.dtype != dtype:
-                        arr = arr.astype(dtype)
-                        outputs[i] = arr
-                    tensors[slot] = arr
-            if observer is not None:
-                observer(node.index, node.record, outputs)
-
-    def _node_error(self, node, e: Exception) -> Exception:
-        """A kernel's exception, located: the file, node index, op and source."""
-        rec, op = node.record, op_spec(node.record.op).short_name
-        if isinstance(e, CacheError):
-            # Still a CacheError (the step is rejected, nothing changed), now located.
-            return CacheError(f"{self.program.path or '<bytes>'}: node {node.index} ({op}): {e}")
-        return GraphRuntimeError(self.program.path, node.index, op, rec.provenance,
-                                 f"{type(e).__name__}: {e}")
+        run_nodes(self.program, tensors, values, self._ctx, observer, flags, check_sizes)
 
 
 __all__ = ["Session", "StepContext", "SessionError"]

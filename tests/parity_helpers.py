@@ -71,4 +71,34 @@ def mlxgraph_parity_errors(path, prompt, reference, chunk: int) -> dict:
         got = np.array(session.step(ids(prompt[:, start:end]), range(start, end)))[0]
         out["chunked"] = max(out["chunked"], rel_err(got, prefill[start:end]))
     out["tokens"] = tokens
+    out["batched"], batched_tokens = batched_parity_error(program, prompt, reference)
+    assert batched_tokens == tokens, "batched greedy tokens differ from the solo run's"
     return out
+
+
+def batched_parity_error(program, prompt, reference) -> tuple:
+    """The prompt's row stepped in batches beside two other sessions (another prompt and a
+    single token, each then decoding its own greedy choice), against ``reference``.
+
+    Returns:
+        (max relative error over the prefill and every decode step, our greedy tokens).
+    """
+    prefill, decode, _ = reference
+    prompt = np.asarray(prompt)
+    n = prompt.shape[1]
+    main, other, lone = (program.session(capacity=128) for _ in range(3))
+    side = prompt[:, ::-1][:, : max(1, n - 4)]
+    rows = [(main, ids(prompt), range(n)), (other, ids(side), range(side.shape[1])),
+            (lone, ids([[5]]), [0])]
+    logits = [np.array(x)[0] for x in program.step_batch(rows)]
+    err = rel_err(logits[0], prefill)
+    tokens = [int(logits[0][-1].argmax())]
+    nexts = [int(x[-1].argmax()) for x in logits[1:]]
+    for i, want in enumerate(decode):
+        rows = [(main, ids([tokens[-1]]), [n + i])]
+        rows += [(s, ids([t]), [s.length]) for s, t in zip((other, lone), nexts)]
+        got = [np.array(x)[0, -1] for x in program.step_batch(rows)]
+        err = max(err, rel_err(got[0], want))
+        tokens.append(int(got[0].argmax()))
+        nexts = [int(x.argmax()) for x in got[1:]]
+    return err, tokens

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from lowering_helpers import check_runs_like_torch, lower_module
-from parity_helpers import hf_greedy_reference, ids, rel_err
+from parity_helpers import batched_parity_error, hf_greedy_reference, ids, rel_err
 from torch import nn
 
 import mlxgraph
@@ -59,6 +59,12 @@ def test_moe_prefill_then_greedy_decode_matches_hf(arch, tmp_path):
     print(f"{arch}: max rel error {max(errors):.2e}")
     assert max(errors) < TOL, errors
     assert ours == tokens
+    # Routed experts per token: rows stepped in batches with other sessions stay exact.
+    program = mlxgraph.load(tmp_path / f"{arch}.mlxg")
+    assert program.batching.problem is None
+    reference = (prefill, decode, tokens)
+    batched, batched_tokens = batched_parity_error(program, prompt.numpy(), reference)
+    assert batched < TOL and batched_tokens == tokens
 
 
 def test_export_restores_the_callers_experts_implementation(tmp_path):

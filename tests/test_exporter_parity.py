@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY_ARCHS, tiny_hf_model
-from parity_helpers import hf_greedy_reference, ids, rel_err
+from parity_helpers import batched_parity_error, hf_greedy_reference, ids, rel_err
 
 import mlxgraph
 from mlxgraph.exporter import export
@@ -50,6 +50,15 @@ def test_prefill_then_greedy_decode_matches_hf(case):
         ours.append(int(step.argmax()))
     assert ours == tokens
     assert session.length == PROMPT + DECODE - 1
+
+
+def test_batched_rows_match_hf(case):
+    """The prompt stepped in batches beside other sessions: prefill, then greedy decode."""
+    program = mlxgraph.load(case["path"])
+    assert program.batching.problem is None
+    error, tokens = batched_parity_error(program, case["prompt"].numpy(), case["ref"])
+    assert error < TOL
+    assert tokens == case["ref"][2]
 
 
 def test_chunked_prefill_matches_hf(case):
