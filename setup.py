@@ -20,9 +20,12 @@ from setuptools import Extension, setup
 
 ROUTER = Extension(
     "mlxgraph.interpreter._blas_router",
-    sources=["interpreter/native/blas_router.c"],
+    sources=["interpreter/native/blas_router.c", "interpreter/native/small_gemm.c"],
+    depends=["interpreter/native/small_gemm.h"],
     libraries=["dl"],
-    extra_compile_args=["-O2"],
+    # -Wno-psabi: small_gemm.c's vectors change ABI only inside its own static functions.
+    extra_compile_args=["-O2", "-pthread", "-Wno-psabi"],
+    extra_link_args=["-pthread"],
     optional=True,
 )
 

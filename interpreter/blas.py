@@ -16,7 +16,8 @@ Choice, in order: the ``MLXGRAPH_BLAS`` environment variable (a path, a library 
 :data:`CANDIDATES` found: the OpenBLAS of the ``scipy-openblas32`` package (a dependency
 on Linux, so no root is needed; faster here than Debian's 0.3.21, benchmarks/blas_bench.py),
 then system libraries. ``MLXGRAPH_BLAS_ROUTER=0`` turns the matrix-vector routing off;
-``MLXGRAPH_BLAS_THREADS`` sets the BLAS threads (blas_router.py). Never preload in a
+``MLXGRAPH_BLAS_THREADS`` sets the thread policy (blas_router.py: by default products of
+1M multiply-adds and more run on every CPU, smaller ones on one). Never preload in a
 process that also computes with torch: OpenBLAS's threads and torch's contend for the
 same cores.
 
@@ -151,8 +152,8 @@ def _install(where: str, env) -> BlasInfo | str:
         except RouterError as e:
             return str(e)
         router = "on" if route else f"off ({ROUTER_ENV}={env.get(ROUTER_ENV)}; forwarding only)"
-        if any(threads) and set_router_threads(bound, threads):
-            router += f", threads {threads[0]} matrix-vector / {threads[1]} other"
+        if threads.many and set_router_threads(bound, threads):
+            router += f", {threads.describe()}"
     if not prefix:
         # Global too, after the router: LAPACK and the rest of the BLAS names resolve here.
         ctypes.CDLL(where, mode=ctypes.RTLD_GLOBAL)

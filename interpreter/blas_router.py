@@ -4,8 +4,10 @@ MLX's CPU matmul calls ``cblas_sgemm`` for every float32 product, one-row produc
 decode included, and an optimised sgemm with M == 1 packs its operands and runs at a
 third of the memory speed its ``cblas_sgemv`` reaches. The router exports the three
 ``cblas_*`` names libmlx binds and sends M == 1 / N == 1 products to the target BLAS's
-sgemv, the rest to its sgemm. It also maps prefixed builds (scipy-openblas32's
-``scipy_cblas_sgemm``) to the plain names MLX looks for.
+sgemv, products with 2..8 rows (or columns) to its own kernel (native/small_gemm.c: the
+weight is read once for all rows), the rest to the BLAS's sgemm. Each call gets a number
+of threads by its size (:class:`ThreadPolicy`). It also maps prefixed builds
+(scipy-openblas32's ``scipy_cblas_sgemm``) to the plain names MLX looks for.
 
 This module must not import mlx (or anything that does).
 """
@@ -13,12 +15,15 @@ This module must not import mlx (or anything that does).
 import ctypes
 import importlib.machinery
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-ROUTER_ENV = "MLXGRAPH_BLAS_ROUTER"  # 0/off/none: no matrix-vector routing
-THREADS_ENV = "MLXGRAPH_BLAS_THREADS"  # "N" or "MATVEC,MATMUL": BLAS threads per shape class
-# benchmarks/blas_bench.py measured 1 and 2 threads on 2 cores: see the README, "Fast BLAS".
-DEFAULT_THREADS = (1, 1)
+ROUTER_ENV = "MLXGRAPH_BLAS_ROUTER"  # 0/off/none: no matrix-vector or few-row routing
+THREADS_ENV = "MLXGRAPH_BLAS_THREADS"  # "auto", "N", or "N:MIN_WORK" (ThreadPolicy)
+# Products of fewer multiply-adds than this run on one thread: waking a second thread costs
+# more than it gains there (benchmarks/blas_bench.py measures the crossing; README, "Fast BLAS").
+DEFAULT_MIN_WORK = 1 << 20
+MAX_THREADS = 8  # the router's few-row kernel's bound; more rarely helps a memory-bound product
 _OFF = ("0", "off", "none", "no", "false")
 _BIND_SYMBOLS = ("cblas_sgemm", "cblas_sgemv", "cblas_dgemm", "cblas_cgemm")
 _HERE = Path(__file__).resolve().parent
@@ -69,44 +74,85 @@ def bind_router(path: str, target, prefix: str, route: bool):
     return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
 
 
-def threads_wanted(env) -> tuple[int, int]:
-    """(matrix-vector, other) BLAS threads: MLXGRAPH_BLAS_THREADS, else (0, 0) = the BLAS's
-    own setting when OPENBLAS_NUM_THREADS is set, else :data:`DEFAULT_THREADS`.
+@dataclass(frozen=True)
+class ThreadPolicy:
+    """Threads per product: ``many`` for products of >= ``min_work`` multiply-adds, 1 below
+    (``many`` = 0: leave the BLAS's own setting). ``source`` says where it came from."""
+
+    many: int
+    min_work: int
+    source: str
+
+    def describe(self) -> str:
+        """For the stats line, e.g. 'threads 2 from 1M multiply-adds, 1 below (auto)'."""
+        if not self.many:
+            return f"threads: the BLAS's own ({self.source})"
+        if self.min_work <= 1 or self.many == 1:
+            return f"threads {self.many} ({self.source})"
+        w = self.min_work
+        work = f"{w / 2**20:g}M" if w % 2**18 == 0 else str(w)
+        return f"threads {self.many} from {work} multiply-adds, 1 below ({self.source})"
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_wanted(env) -> ThreadPolicy:
+    """The thread policy: MLXGRAPH_BLAS_THREADS ("auto", "N": every product on N threads,
+    "N:MIN_WORK": N threads from MIN_WORK multiply-adds, 1 below); unset, the BLAS's own
+    setting when OPENBLAS_NUM_THREADS is set, else "auto" (every available CPU, up to
+    :data:`MAX_THREADS`, from :data:`DEFAULT_MIN_WORK` multiply-adds).
 
     Raises:
-        ValueError: MLXGRAPH_BLAS_THREADS is not "N" or "N,M" with positive integers.
+        ValueError: MLXGRAPH_BLAS_THREADS is none of those forms (positive integers).
     """
     raw = env.get(THREADS_ENV)
-    if raw is None:
-        return (0, 0) if env.get("OPENBLAS_NUM_THREADS") else DEFAULT_THREADS
-    parts = raw.split(",")
+    if raw is None and env.get("OPENBLAS_NUM_THREADS"):
+        return ThreadPolicy(0, 0, "OPENBLAS_NUM_THREADS")
+    if raw is None or raw.strip().lower() == "auto":
+        return ThreadPolicy(min(available_cpus(), MAX_THREADS), DEFAULT_MIN_WORK, "auto")
+    many, colon, work = raw.strip().partition(":")
     try:
-        counts = tuple(int(p) for p in parts)
+        policy = ThreadPolicy(int(many), int(work) if colon else 0, f"{THREADS_ENV}={raw}")
     except ValueError:
-        counts = ()
-    if len(counts) not in (1, 2) or min(counts) < 1:
-        raise ValueError(f"{THREADS_ENV}={raw}: expected N or MATVEC,MATMUL (positive integers)")
-    return (counts[0], counts[-1])
+        policy = ThreadPolicy(0, -1, "")
+    if policy.many < 1 or policy.min_work < 0 or (colon and policy.min_work < 1):
+        raise ValueError(f"{THREADS_ENV}={raw}: expected auto, N or N:MIN_WORK (positive integers)")
+    return policy
 
 
-def set_router_threads(router, threads: tuple[int, int]) -> bool:
-    """Give the bound router its per-class thread counts; False if the BLAS cannot set them."""
-    return router.mlxgraph_router_threads(*threads) == 0
+def set_router_threads(router, policy: ThreadPolicy) -> bool:
+    """Give the bound router its thread policy; False if the BLAS cannot set its threads."""
+    router.mlxgraph_router_threads.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    return router.mlxgraph_router_threads(1, policy.many, policy.min_work) == 0
+
+
+COUNTS = ("sgemv", "small", "sgemm", "threaded")
 
 
 def router_counts(path: str) -> dict:
-    """How many cblas_sgemm calls the router (already loaded from ``path``) sent to sgemv
-    and to sgemm in this process (zeros when no router is loaded)."""
+    """How many cblas_sgemm calls the router (already loaded from ``path``) sent to sgemv,
+    to its few-row kernel and to sgemm in this process, and how many of them were given
+    more than one thread (zeros when no router is loaded)."""
     if not path:
-        return {"sgemv": 0, "sgemm": 0}
+        return dict.fromkeys(COUNTS, 0)
     router = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-    gemv, gemm = ctypes.c_long(), ctypes.c_long()
-    router.mlxgraph_router_counts(ctypes.byref(gemv), ctypes.byref(gemm))
-    return {"sgemv": gemv.value, "sgemm": gemm.value}
+    out = (ctypes.c_long * len(COUNTS))()
+    router.mlxgraph_router_counts(out, len(COUNTS))
+    return dict(zip(COUNTS, out))
 
 
 __all__ = [
-    "DEFAULT_THREADS",
+    "COUNTS",
+    "DEFAULT_MIN_WORK",
+    "MAX_THREADS",
+    "ThreadPolicy",
+    "available_cpus",
     "ROUTER_ENV",
     "THREADS_ENV",
     "RouterError",

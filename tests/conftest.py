@@ -11,6 +11,10 @@ import os
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# make test runs one pytest-xdist worker per CPU: one BLAS thread each, or the workers'
+# BLAS threads (the default policy uses every CPU for large products) oversubscribe the
+# cores. Tests of the thread policy set their own value in a subprocess.
+os.environ.setdefault("MLXGRAPH_BLAS_THREADS", "1")
 
 # arch -> (transformers model_type, config overrides). Sliding windows are smaller than the
 # parity tests' context (17 + 40 tokens) so the window is really exercised.

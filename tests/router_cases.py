@@ -1,11 +1,14 @@
 """Run in a subprocess by tests/test_blas_router.py: call the router's cblas_sgemm directly,
-for every order/transpose combination, matrix-vector and general shapes, padded leading
-dimensions, alpha and beta values, and compare with a float64 numpy oracle.
+for every order/transpose combination, matrix-vector, few-row (2..8 rows or columns) and
+general shapes, padded leading dimensions, alpha and beta values, and compare with a
+float64 numpy oracle.
 
-    python tests/router_cases.py ROUTER_SO BLAS_SO PREFIX ROUTE(0|1)
+    python tests/router_cases.py ROUTER_SO BLAS_SO PREFIX ROUTE(0|1) THREADS
 
-Prints one JSON line: cases run, worst relative error, padding or NaN problems, and the
-router's call counts next to how many cases were matrix-vector.
+THREADS > 0 gives every product that many threads (the few-row kernel splits its columns);
+0 leaves the BLAS's setting. Prints one JSON line: cases run, worst relative error, padding
+or NaN problems, and the router's call counts next to how many cases were matrix-vector
+and few-row.
 """
 
 import ctypes
@@ -18,7 +21,12 @@ import numpy as np
 
 ROW, COL = 101, 102
 NO, T, CT = 111, 112, 113
-SHAPES = [(1, 37, 53), (29, 1, 41), (1, 1, 19), (1, 64, 1), (23, 31, 17), (2, 3, 5), (1, 5, 0)]
+# (M, N, K): matrix-vector, few-row (M or N in 2..8; N >= 64 splits over threads, with a
+# column tail past the 32-column blocks), general, and empty (K == 0).
+SHAPES = [
+    (1, 37, 53), (29, 1, 41), (1, 1, 19), (1, 64, 1), (23, 31, 17), (2, 3, 5), (1, 5, 0),
+    (2, 37, 53), (8, 70, 33), (3, 130, 19), (77, 4, 21), (5, 3, 9), (9, 40, 12), (6, 7, 0),
+]
 F = ctypes.POINTER(ctypes.c_float)
 
 
@@ -77,19 +85,30 @@ def one_case(sgemm, order, ta, tb, m, n, k, pad, alpha, beta, rng):
     got = matrix(c, m, n, ldc, order)
     outer, inner = (m, n) if order == ROW else (n, m)
     padding_ok = bool(np.all(c.reshape(outer, ldc)[:, inner:] == -3.5))
-    scale = max(float(np.max(np.abs(want))) if want.size else 0.0, 1e-6)
+    # Relative to the sum of the magnitudes (what float32 rounding scales with), so a result
+    # that cancels to near zero does not inflate the error.
+    size = abs(alpha) * (np.abs(op_a) @ np.abs(op_b)) + abs(beta) * np.abs(c_in)
+    scale = max(float(np.max(size)) if want.size else 0.0, 1e-6)
     err = float(np.max(np.abs(got - want))) / scale if want.size else 0.0
     return err, padding_ok, bool(np.all(np.isfinite(got)))
 
 
-def main(router_so, blas_so, prefix, route) -> dict:
+def few_rows(m, n, k) -> bool:
+    """The router's few-row class: 2..8 rows or columns, not matrix-vector, not empty."""
+    return k > 0 and min(m, n) > 1 and (2 <= m <= 8 or 2 <= n <= 8)
+
+
+def main(router_so, blas_so, prefix, route, threads) -> dict:
     blas = ctypes.CDLL(blas_so, mode=os.RTLD_LOCAL)
     router = ctypes.CDLL(router_so, mode=os.RTLD_LOCAL)
     router.mlxgraph_router_bind.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int)
     assert router.mlxgraph_router_bind(blas._handle, prefix.encode(), route) == 0
+    router.mlxgraph_router_threads.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    if threads:
+        assert router.mlxgraph_router_threads(threads, threads, 0) == 0
     sgemm = router.cblas_sgemm
     rng = np.random.default_rng(0)
-    worst, bad_padding, nonfinite, cases, matvec = 0.0, 0, 0, 0, 0
+    worst, bad_padding, nonfinite, cases, matvec, small = 0.0, 0, 0, 0, 0, 0
     for order, ta, tb, (m, n, k), pad, (alpha, beta) in itertools.product(
         (ROW, COL), (NO, T, CT), (NO, T, CT), SHAPES, (0, 3), ((1.0, 0.0), (-0.5, 1.0), (2.0, 0.25))
     ):
@@ -98,18 +117,23 @@ def main(router_so, blas_so, prefix, route) -> dict:
         bad_padding += not padding_ok
         nonfinite += not finite
         matvec += (m == 1 or n == 1) and k > 0
-    gemv, gemm = ctypes.c_long(), ctypes.c_long()
-    router.mlxgraph_router_counts(ctypes.byref(gemv), ctypes.byref(gemm))
+        small += few_rows(m, n, k)
+    counts = (ctypes.c_long * 4)()
+    router.mlxgraph_router_counts(counts, 4)
     return {
         "cases": cases,
         "matvec_cases": matvec,
+        "small_cases": small,
         "worst": worst,
         "bad_padding": bad_padding,
         "nonfinite": nonfinite,
-        "sgemv_calls": gemv.value,
-        "sgemm_calls": gemm.value,
+        "sgemv_calls": counts[0],
+        "small_calls": counts[1],
+        "sgemm_calls": counts[2],
+        "threaded_calls": counts[3],
     }
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))))
+    args = sys.argv[1:]
+    print(json.dumps(main(args[0], args[1], args[2], int(args[3]), int(args[4]))))

@@ -50,25 +50,31 @@ def router():
     return path
 
 
-@pytest.mark.parametrize("route", [1, 0], ids=["routing", "forwarding"])
-def test_every_case_matches_numpy(router, route):
+@pytest.mark.parametrize(
+    "route,threads", [(1, 0), (1, 2), (0, 0)], ids=["routing", "routing-2-threads", "forwarding"]
+)
+def test_every_case_matches_numpy(router, route, threads):
     libs = _blas_files()
     if not libs:
         pytest.skip("no optimised CBLAS on this machine")
     for lib, prefix in libs:
+        args = [router, lib, prefix, str(route), str(threads)]
         proc = subprocess.run(
-            [PY, str(ROOT / "tests" / "router_cases.py"), router, lib, prefix, str(route)],
+            [PY, str(ROOT / "tests" / "router_cases.py"), *args],
             capture_output=True,
             text=True,
             timeout=180,
         )
         assert proc.returncode == 0, proc.stderr[-2000:]
         got = json.loads(proc.stdout)
-        assert got["cases"] == 756 and got["worst"] < 1e-5, (lib, got)
+        assert got["cases"] == 1512 and got["worst"] < 1e-6, (lib, got)
         assert got["bad_padding"] == 0 and got["nonfinite"] == 0, (lib, got)
-        # Every matrix-vector case (and only those) went to sgemv when routing is on.
+        # Every matrix-vector case (and only those) went to sgemv when routing is on, every
+        # few-row case to the router's kernel.
         assert got["sgemv_calls"] == (got["matvec_cases"] if route else 0), (lib, got)
-        assert got["sgemv_calls"] + got["sgemm_calls"] == got["cases"]
+        assert got["small_calls"] == (got["small_cases"] if route else 0), (lib, got)
+        assert got["sgemv_calls"] + got["small_calls"] + got["sgemm_calls"] == got["cases"]
+        assert got["threaded_calls"] == (got["cases"] if threads > 1 else 0), (lib, got)
 
 
 _MLX_PATH = """
@@ -91,6 +97,10 @@ for x_np, w_np, x, wt in [
     ((z := rng.standard_normal((3, 1, 80)).astype(np.float32)),
      (y := rng.standard_normal((3, 80, 7)).astype(np.float32)), mx.array(z), mx.array(y)),
     (w[:50], w.T[:, ::2], W[:50], W.T[:, ::2]),
+    # few rows (2..8) against a transposed weight, a plain one, and few columns
+    ((f := rng.standard_normal((5, 80)).astype(np.float32)), w.T, mx.array(f), W.T),
+    (f[:2, :40].copy(), w[:40], mx.array(f[:2, :40]), W[:40]),
+    (w, f.T[:, :3].copy(), W, mx.array(f.T[:, :3])),
 ]:
     got = np.array(x @ wt)
     ref = x_np.astype(np.float64) @ w_np.astype(np.float64)
@@ -106,7 +116,7 @@ def test_mlx_products_take_the_router(router):
     if got.get("sgemv", 0) + got.get("sgemm", 0) == 0:
         pytest.skip("no optimised CBLAS was preloaded")
     assert got["worst"] < 1e-5
-    assert got["sgemv"] >= 5 and got["sgemm"] >= 1, got
+    assert got["sgemv"] >= 5 and got["small"] >= 3 and got["sgemm"] >= 1, got
 
 
 def test_router_off_forwards_everything_to_sgemm(router):
@@ -115,7 +125,7 @@ def test_router_off_forwards_everything_to_sgemm(router):
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["worst"] < 1e-5
     # the prefixed pip OpenBLAS still needs the library to forward; a plain one does not
-    assert got.get("sgemv", 0) == 0
+    assert got.get("sgemv", 0) == 0 and got.get("small", 0) == 0
 
 
 def test_without_router_stats_say_absent():
@@ -173,29 +183,57 @@ def test_build_without_a_compiler_still_succeeds(tmp_path):
     assert "blas_router" in proc.stdout + proc.stderr  # setuptools says which extension it skipped
 
 
-def test_threads_per_shape_class(router):
-    # The router switches the BLAS's thread count per product class; read it back from the BLAS.
-    code = """
-        import ctypes, json
-        import mlxgraph
-        info = mlxgraph.preload_blas()
-        import mlx.core as mx
-        from mlxgraph.interpreter.blas_router import cblas_prefix
-        lib = ctypes.CDLL(info.path)
-        get = getattr(lib, cblas_prefix(lib) + "openblas_get_num_threads")
-        w = mx.random.normal((64, 48))
-        mx.eval(mx.random.normal((1, 48)) @ w.T)
-        after_matvec = get()
-        mx.eval(mx.random.normal((8, 48)) @ w.T)
-        print(json.dumps({"router": info.router, "matvec": after_matvec, "matmul": get()}))
-    """
-    proc = _py(code, {"MLXGRAPH_BLAS_THREADS": "1,2"})
+_THREADS_CODE = """
+    import ctypes, json
+    import mlxgraph
+    info = mlxgraph.preload_blas()
+    import mlx.core as mx
+    from mlxgraph.interpreter.blas_router import cblas_prefix, router_counts
+    lib = ctypes.CDLL(info.path)
+    get = getattr(lib, cblas_prefix(lib) + "openblas_get_num_threads")
+    seen = []
+    # (rows, K, N): matrix-vector and general products below and above 4096 multiply-adds,
+    # then few-row ones (their own kernel: only the counter shows their threads)
+    for m, k, n in [(1, 48, 64), (1, 96, 64), (16, 8, 16), (16, 32, 16), (4, 8, 64), (4, 32, 64)]:
+        w = mx.random.normal((n, k))
+        x = mx.random.normal((m, k))
+        mx.eval(w, x)
+        mx.eval(x @ w.T)
+        seen.append(get())
+    print(json.dumps({"router": info.router, "seen": seen, **router_counts(info.router_path)}))
+"""
+
+
+def _threads_run(setting):
+    proc = _py(_THREADS_CODE, {"MLXGRAPH_BLAS_THREADS": setting} if setting else {})
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     if "threads" not in got["router"]:
         pytest.skip("this BLAS cannot set its thread count")
-    assert "threads 1 matrix-vector / 2 other" in got["router"]
-    assert (got["matvec"], got["matmul"]) == (1, 2)
+    return got
+
+
+def test_threads_follow_product_size(router):
+    # 2 threads from 4096 multiply-adds, 1 below: read back from the BLAS after each
+    # product, and the router's count of calls given more than one thread.
+    got = _threads_run("2:4096")
+    assert "threads 2 from 4096 multiply-adds, 1 below" in got["router"], got
+    assert got["seen"][:4] == [1, 2, 1, 2], got
+    assert got["threaded"] == 3, got  # 1x96x64, 16x32x16, 4x32x64
+    assert got["small"] == 2
+
+
+def test_fixed_thread_count_applies_to_every_product(router):
+    one, two = _threads_run("1"), _threads_run("2")
+    assert one["threaded"] == 0 and one["seen"][:4] == [1] * 4, one
+    assert two["threaded"] == 6 and two["seen"][:4] == [2] * 4, two
+
+
+def test_default_policy_is_size_aware(router):
+    got = _threads_run(None)
+    assert "(auto)" in got["router"] and "from 1M multiply-adds, 1 below" in got["router"]
+    # every product here is below 1M multiply-adds: one thread each
+    assert got["threaded"] == 0 and got["seen"][:4] == [1] * 4, got
 
 
 def test_bad_thread_setting_is_an_error():
@@ -210,3 +248,4 @@ def test_bad_thread_setting_is_an_error():
         {"MLXGRAPH_BLAS_THREADS": "two"},
     )
     assert "MLXGRAPH_BLAS_THREADS=two" in proc.stdout
+    assert "expected auto, N or N:MIN_WORK" in proc.stdout

@@ -1,8 +1,10 @@
 /* mlxgraph's CBLAS router: MLX's CPU matmul always calls cblas_sgemm, also for one row or
  * one column, and an optimised sgemm packs its operands first, which for a matrix-vector
- * product costs more than the product. This library exports the cblas_* names libmlx binds
- * (cblas_sgemm, cblas_dgemm, cblas_cgemm): sgemm calls with M == 1 or N == 1 go to the
- * target BLAS's sgemv, everything else to its own *gemm. The target is bound at run time
+ * or few-row product costs more than the product. This library exports the cblas_* names
+ * libmlx binds (cblas_sgemm, cblas_dgemm, cblas_cgemm): sgemm calls with M == 1 or N == 1
+ * go to the target BLAS's sgemv, those with 2..8 rows (or columns) to small_gemm.c, which
+ * reads the weight once for all rows, everything else to the BLAS's own *gemm. Each call
+ * runs on a number of threads chosen by its size (mlxgraph_router_threads). The target is bound at run time
  * by mlxgraph_router_bind() with a dlopen handle and a symbol prefix ("" for a system
  * OpenBLAS, "scipy_" for scipy-openblas32), so one build serves any CBLAS.
  *
@@ -11,6 +13,8 @@
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "small_gemm.h"
 
 enum { ROW_MAJOR = 101, COL_MAJOR = 102, NO_TRANS = 111, TRANS = 112 };  /* ConjTrans = Trans */
 
@@ -30,12 +34,16 @@ static cgemm_fn real_cgemm;
 typedef void (*threads_fn)(int);
 static threads_fn set_threads;   /* the target's openblas_set_num_threads, if it has one */
 static int routing = 1;
-/* BLAS threads per shape class (0 = leave the BLAS's own setting). A matrix-vector product
- * is memory bound and one core nearly saturates memory; a second spinning BLAS thread then
- * mostly competes with MLX's own thread. MLX calls BLAS from one thread per stream, so
- * the last setting can be kept in a plain variable. */
-static int matvec_threads, matmul_threads, current_threads;
-static long n_gemv, n_gemm;   /* calls taken by each path (for tests and the stats) */
+/* Threads per call: products of fewer than min_work multiply-adds run on few_threads, the
+ * others on many_threads (0 = leave the BLAS's own setting; small_gemm then runs on one).
+ * Waking a second thread costs more than a small product gains, and a spinning BLAS thread
+ * competes with MLX's own. MLX calls BLAS from one thread per stream, so the BLAS's
+ * current setting can be kept in a plain variable. */
+static int few_threads, many_threads, current_threads;
+static long min_work;
+/* calls taken by each path, and calls run on more than one thread (tests, stats) */
+enum { N_GEMV, N_SMALL, N_GEMM, N_THREADED, N_COUNTS };
+static long counts[N_COUNTS];
 
 static void *lookup(void *handle, const char *prefix, const char *name) {
     char full[128];
@@ -61,14 +69,28 @@ int mlxgraph_router_bind(void *handle, const char *prefix, int route_matvec) {
     return 0;
 }
 
-/* Threads for matrix-vector and for other products; 0 keeps the BLAS's setting.
- * Returns -1 when the target BLAS cannot set its thread count. */
-int mlxgraph_router_threads(int matvec, int matmul) {
+/* The thread policy (see few_threads). Returns -1 when the target BLAS cannot set its
+ * thread count (the policy is then not applied). */
+int mlxgraph_router_threads(int few, int many, long min_work_) {
     if (!set_threads) return -1;
-    matvec_threads = matvec;
-    matmul_threads = matmul;
+    few_threads = few;
+    many_threads = many;
+    min_work = min_work_;
     current_threads = 0;
     return 0;
+}
+
+void mlxgraph_router_counts(long *out, int n) {
+    for (int i = 0; i < n && i < N_COUNTS; i++) out[i] = __atomic_load_n(&counts[i], __ATOMIC_RELAXED);
+}
+
+static void count(int what) { __atomic_fetch_add(&counts[what], 1, __ATOMIC_RELAXED); }
+
+/* Threads for a product of M*N*K multiply-adds (0 = the BLAS's own setting). */
+static int threads_for(long M, long N, long K) {
+    int n = M * N * K < min_work ? few_threads : many_threads;
+    if (n > 1) count(N_THREADED);
+    return n;
 }
 
 static void use_threads(int n) {
@@ -76,11 +98,6 @@ static void use_threads(int n) {
         set_threads(n);
         current_threads = n;
     }
-}
-
-void mlxgraph_router_counts(long *gemv, long *gemm) {
-    *gemv = __atomic_load_n(&n_gemv, __ATOMIC_RELAXED);
-    *gemm = __atomic_load_n(&n_gemm, __ATOMIC_RELAXED);
 }
 
 static void unbound(const char *name) {
@@ -113,22 +130,50 @@ static void row_major_matvec(int ta, int tb, int M, int N, int K, float alpha, c
     }
 }
 
+/* Row-major C (M x N) = alpha * op(A) * op(B) + beta * C with 2..8 rows (or columns) as
+ * small_gemm: X is the few-row operand, W the other (its rows of K are contiguous when W
+ * is read along k, "dot"). Returns 0, or -1 when small_gemm could not run. */
+static int row_major_small(int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                           int lda, const float *B, int ldb, float beta, float *C, int ldc,
+                           int threads) {
+    if (M <= SMALL_ROWS_MAX)   /* X = op(A) (M x K), W(n, k) = op(B)(k, n) */
+        return small_gemm(M, N, K, alpha, A, ta == NO_TRANS ? lda : 1,
+                          ta == NO_TRANS ? 1 : lda, B, ldb, tb != NO_TRANS, beta, C, ldc, 1,
+                          threads);
+    /* X(j, k) = op(B)(k, j) (N x K), W(m, k) = op(A)(m, k); out(j, m) = C[m * ldc + j] */
+    return small_gemm(N, M, K, alpha, B, tb == NO_TRANS ? 1 : ldb, tb == NO_TRANS ? ldb : 1,
+                      A, lda, ta == NO_TRANS, beta, C, 1, ldc, threads);
+}
+
+static int is_small(int rows) { return rows >= SMALL_ROWS_MIN && rows <= SMALL_ROWS_MAX; }
+
 void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float *A,
                  int lda, const float *B, int ldb, float beta, float *C, int ldc) {
     if (!real_sgemm) unbound("cblas_sgemm");
+    /* Column-major C = row-major C^T = op(B)^T op(A)^T: swap the operands once here. */
+    if (order == COL_MAJOR) {
+        const float *T = A;
+        int t = ta;
+        A = B, B = T, ta = tb, tb = t, t = lda, lda = ldb, ldb = t, t = M, M = N, N = t;
+    }
     /* K == 0 must still scale C by beta, which sgemv skips; empty products go to sgemm. */
-    if (routing && (M == 1 || N == 1) && M > 0 && N > 0 && K > 0) {
-        __atomic_fetch_add(&n_gemv, 1, __ATOMIC_RELAXED);
-        use_threads(matvec_threads);
-        if (order == COL_MAJOR)   /* column-major C = row-major C^T = op(B)^T op(A)^T */
-            row_major_matvec(tb, ta, N, M, K, alpha, B, ldb, A, lda, beta, C, ldc);
-        else
-            row_major_matvec(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    int routable = routing && M > 0 && N > 0 && K > 0;
+    int threads = threads_for(M, N, K);
+    if (routable && (M == 1 || N == 1)) {
+        count(N_GEMV);
+        use_threads(threads);
+        row_major_matvec(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    __atomic_fetch_add(&n_gemm, 1, __ATOMIC_RELAXED);
-    use_threads(matmul_threads);
-    real_sgemm(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (routable && (is_small(M) || is_small(N)) &&
+        row_major_small(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                        threads > 0 ? threads : 1) == 0) {
+        count(N_SMALL);
+        return;
+    }
+    count(N_GEMM);
+    use_threads(threads);
+    real_sgemm(ROW_MAJOR, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void cblas_dgemm(int order, int ta, int tb, int M, int N, int K, double alpha, const double *A,
