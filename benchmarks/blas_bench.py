@@ -1,12 +1,12 @@
-"""MLX's matrix products under each BLAS setup: which library, router on/off, 1 or 2 threads,
-and float32 against float16/bfloat16.
+"""MLX's matrix products under each BLAS setup: which library, router on/off, the thread
+policy (auto, 1 or 2 threads), and float32 against float16/bfloat16.
 
     python benchmarks/blas_bench.py [--repeats 7] [--json]
 
 Each setup runs in its own process (a preload is global to a process and only counts
 before mlx is imported): the package index's OpenBLAS (scipy-openblas32) and, when
-installed, Debian's (libopenblas0-pthread, `make blas`), each with the router on and off,
-with 1 and 2 BLAS threads. Shapes are the generate benchmark's `small` model: decode
+installed, Debian's (libopenblas0-pthread, `make blas`), each with the router on (threads
+auto, 1, 2) and off (1, 2). Shapes are the generate benchmark's `small` model: decode
 products (one row against 1024x1024, 1024x2816 and the 1024x32000 LM head) and a
 128-token prefill's. Printed: the best time of each product per setup, GB/s for the
 one-row products (weight bytes / time), and each setup's decode and prefill time relative
@@ -59,7 +59,7 @@ def setups() -> list:
     out = []
     for lib, value in libs:
         for router in ("1", "0"):
-            for threads in ("1", "2"):
+            for threads in ("auto", "1", "2") if router == "1" else ("1", "2"):
                 name = f"{lib} router {'on' if router == '1' else 'off'} {threads}t"
                 out.append(
                     (
@@ -76,6 +76,7 @@ def setups() -> list:
 
 
 def run_setup(env_extra: dict, shapes, dtypes, repeats: int) -> dict:
+    """Time each (M, K, N) product (x @ w.T) in a fresh process with ``env_extra`` set."""
     env = dict(os.environ, **env_extra)
     env.pop("OPENBLAS_NUM_THREADS", None)
     proc = subprocess.run(
