@@ -61,8 +61,8 @@ def print_report(doc) -> None:
         for k, n in FEW_WEIGHTS:
             cells = []
             for m in FEW_ROWS:
-                key = f"float32 {m}x{k}x{n}"
-                cells.append(f"M={m} {on[key] * 1e3:.2f}/{off[key] * 1e3:.2f}={on[key] / off[key]:.2f}")
+                a, b = on[f"float32 {m}x{k}x{n}"], off[f"float32 {m}x{k}x{n}"]
+                cells.append(f"M={m} {a * 1e3:.2f}/{b * 1e3:.2f}={a / b:.2f}")
             print(f"    {k}x{n}: " + "  ".join(cells))
     t1, t2 = doc["threads"]["1 thread"], doc["threads"]["2 threads"]
     print("Thread threshold, router on: 1 thread / 2 threads (ms; ratio > 1: 2 threads win)")
