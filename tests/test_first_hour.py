@@ -153,20 +153,31 @@ def test_control_characters_raw_in_files_escaped_on_terminals(graph):
     assert out.startswith(b"a\\x1b[31mb")
 
 
-def _wait_until_generating(child, timeout=60.0):
-    """Return once the child has mapped MLX's library and had a second more (it is then
-    generating: loading this tiny graph takes milliseconds)."""
+def _cpu_seconds(pid) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_until_generating(child, timeout=120.0):
+    """Return once the child has mapped MLX's library and then used 1.5 more seconds of CPU
+    (it is then generating: loading this tiny graph takes milliseconds). CPU time, not wall
+    time, so a busy machine cannot make the child look further along than it is."""
     deadline = time.monotonic() + timeout
+    start = None
     while time.monotonic() < deadline:
         try:
-            with open(f"/proc/{child.pid}/maps") as f:
-                if "libmlx" in f.read():
-                    time.sleep(1.5)
-                    return
+            if start is None:
+                with open(f"/proc/{child.pid}/maps") as f:
+                    if "libmlx" in f.read():
+                        start = _cpu_seconds(child.pid)
+            elif _cpu_seconds(child.pid) - start >= 1.5:
+                return
         except OSError:
             pass
         time.sleep(0.1)
-    raise AssertionError("the child never loaded mlx")
+    raise AssertionError("the child never loaded mlx" if start is None
+                         else "the child did not get 1.5 s of CPU to generate")
 
 
 @pytest.mark.parametrize("as_json", [True, False])

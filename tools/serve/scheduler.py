@@ -3,12 +3,13 @@
 It loads the Program itself (so every MLX array is made in this thread), then loops in
 rounds. A round admits waiting jobs (up to ``max_sessions`` active; a job's session is a
 fork of a kept one when their tokens share a prefix), prefills prompt chunks of waiting
-jobs up to one chunk's worth of tokens, and queues one decode step for every decoding job;
-all of it goes to one ``mx.async_eval``, and while that runs the host reads the tokens the
-previous round computed and posts them. So one long prompt costs the streams at most a
-chunk per token, never its whole prefill. Prefill splits the prompt exactly as
-``mlxgraph.generate`` does (``prefill_chunk`` tokens, then the last token alone), so a
-greedy stream is token for token a solo ``generate`` of its prompt.
+jobs up to one chunk's worth of tokens, and queues one batched decode step for all decoding
+jobs (``Program.step_batch``); all of it goes to one ``mx.async_eval``, and while that
+runs the host reads the tokens the previous round computed and posts them. So one long
+prompt costs the streams at most a chunk per token, never its whole prefill. Prefill
+splits the prompt exactly as ``mlxgraph.generate`` does (``prefill_chunk`` tokens, then
+the last token alone), so a greedy stream is token for token a solo ``generate`` of its
+prompt (batched decode rows equal solo steps within float rounding).
 A job cancelled by the event loop (client gone) is dropped at the start of the next round
 with its session; a finished one leaves its session to the prefix cache.
 """

@@ -3,8 +3,10 @@
 A job's prompt goes in as ``tools/generation.py`` feeds it (all but the last token in
 ``chunk``-token steps, then the last token, whose logits give the first new token), and
 its decode is pipelined the same way: the step after token t is built on the still-lazy
-token t and evaluated with the round, before the host reads token t. The step fed after a
-job's last token is rewound when the job ends. Imported in the scheduler thread only.
+token t and evaluated with the round, before the host reads token t. The decoding jobs'
+steps go in as one batched step (``Program.step_batch``: the weights are read once for all
+streams). The step fed after a job's last token is rewound when the job ends. Imported in
+the scheduler thread only.
 """
 
 import mlx.core as mx
@@ -52,13 +54,15 @@ class Stepper:
                 budget -= self._prefill(job, work)
             except Exception as e:  # noqa: BLE001 - this job's step failed; others go on
                 ended.append((job, e))
-        for job in decoding:
-            if len(job.tokens) + 1 < job.limit:
-                try:
-                    job.ahead, job.ahead_logprob = self._sample(job, job.y.reshape(1, 1))
-                    work += [job.ahead] + list(job.ahead_logprob or ())
-                except Exception as e:  # noqa: BLE001
-                    ended.append((job, e))
+        ahead = [j for j in decoding if len(j.tokens) + 1 < j.limit]
+        for job, logits in self._decode_logits(ahead):
+            try:
+                if isinstance(logits, Exception):
+                    raise logits
+                job.ahead, job.ahead_logprob = self._pick(job, logits)
+                work += [job.ahead] + list(job.ahead_logprob or ())
+            except Exception as e:  # noqa: BLE001
+                ended.append((job, e))
         mx.async_eval(work)
         failed = {id(j) for j, _ in ended}
         for job in decoding:
@@ -92,11 +96,36 @@ class Stepper:
             fed += 1
         return fed
 
+    def _decode_logits(self, jobs) -> list:
+        """[(job, last logits [1, vocab] or the Exception its step raised)] after feeding each
+        job its still-lazy token. The rows go in one batched step (the weights are read once
+        for all of them) when the graph allows it; a refused batch falls back to one step
+        per job, so one bad row fails only its own job."""
+        if len(jobs) > 1 and jobs[0].session.program.batching.problem is None:
+            rows = [(j.session, j.y.reshape(1, 1), [j.session.length]) for j in jobs]
+            try:
+                outs = jobs[0].session.program.step_batch(rows)
+                return [(j, out[:, -1, :]) for j, out in zip(jobs, outs)]
+            except Exception:  # noqa: BLE001 - nothing changed; find the row alone below
+                pass
+        done = []
+        for job in jobs:
+            start = job.session.length
+            try:
+                done.append((job, job.session.step(job.y.reshape(1, 1), [start])[:, -1, :]))
+            except Exception as e:  # noqa: BLE001
+                done.append((job, e))
+        return done
+
     def _sample(self, job, tokens):
         """The lazy next token after feeding ``tokens`` [1, T], and its log-probabilities."""
         session = job.session
         start = session.length
         logits = session.step(tokens, range(start, start + tokens.shape[1]))[:, -1, :]
+        return self._pick(job, logits)
+
+    def _pick(self, job, logits):
+        """The job's lazy next token from ``logits`` [1, vocab], and its log-probabilities."""
         token = job.sampler(logits)
         if job.logprobs is None:
             return token, None
