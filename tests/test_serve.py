@@ -180,9 +180,14 @@ def concurrent_streams_equal_solo(graph, program, clients, n):
     firsts = rng.sample(range(5, vocab), clients)
     prompts = [[f] + [rng.randrange(5, vocab) for _ in range(rng.randrange(2, 60))]
                for f in firsts]
+    import httpx
+
     with running_server(graph, "--prefill-chunk", CHUNK, "--cache-memory", 0) as server:
         got = _stream_all(server, prompts, n)
+        stats = httpx.get(f"{server.url}/stats").json()
     assert len(got) == clients
+    # The streams' decode steps went in together (Program.step_batch), not one by one.
+    assert stats["decode_rows"] > stats["decode_steps"] > 0 and stats["batch_fallbacks"] == 0
     for i, prompt in enumerate(prompts):
         assert got[i] == solo(program, prompt, n), f"client {i}"
 

@@ -118,7 +118,8 @@ class Scheduler:
             self._closing = True
 
     def stats(self) -> dict:
-        """Counters: requests, tokens prefilled and reused, kept sessions, active, waiting."""
+        """Counters: requests, tokens prefilled and reused, decode steps and the rows they
+        batched, kept sessions, active, waiting."""
         cache = getattr(self, "_cache", None)
         with self._cond:
             doc = dict(self.counters)
@@ -163,7 +164,7 @@ class Scheduler:
         self.info = ModelInfo(tokenizer, eos, program.metadata.vocab_size, probe.capacity,
                               has_full_attention(program, probe))
         self._cache = PrefixCache(opts.cache_bytes)
-        self._stepper = Stepper(opts.prefill_chunk)
+        self._stepper = Stepper(opts.prefill_chunk, self.counters)
 
     def _new_session(self):
         from mlxgraph.tools.output import ToolError

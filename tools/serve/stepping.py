@@ -23,8 +23,13 @@ class Stepper:
             prefills (one job's chunk is never split, so the split matches ``generate``).
     """
 
-    def __init__(self, chunk: int):
+    def __init__(self, chunk: int, counters=None):
         self.chunk = int(chunk)
+        # decode_steps: evaluations of decode rows; decode_rows: rows in them (their ratio
+        # is the batch size the server reached); batch_fallbacks: refused batches.
+        self.counters = counters if counters is not None else {}
+        for key in ("decode_steps", "decode_rows", "batch_fallbacks"):
+            self.counters.setdefault(key, 0)
 
     def begin(self, job, session, reused: int, info) -> None:
         """Attach a session holding ``reused`` prompt tokens and set up sampling and text.
@@ -101,13 +106,18 @@ class Stepper:
         job its still-lazy token. The rows go in one batched step (the weights are read once
         for all of them) when the graph allows it; a refused batch falls back to one step
         per job, so one bad row fails only its own job."""
+        counters = self.counters
         if len(jobs) > 1 and jobs[0].session.program.batching.problem is None:
             rows = [(j.session, j.y.reshape(1, 1), [j.session.length]) for j in jobs]
             try:
                 outs = jobs[0].session.program.step_batch(rows)
+                counters["decode_steps"] += 1
+                counters["decode_rows"] += len(jobs)
                 return [(j, out[:, -1, :]) for j, out in zip(jobs, outs)]
             except Exception:  # noqa: BLE001 - nothing changed; find the row alone below
-                pass
+                counters["batch_fallbacks"] += 1
+        counters["decode_steps"] += len(jobs)
+        counters["decode_rows"] += len(jobs)
         done = []
         for job in jobs:
             start = job.session.length
