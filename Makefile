@@ -63,4 +63,6 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/perplexity_bench.py
 	$(PY) benchmarks/chat_bench.py
 	$(PY) benchmarks/serve_bench.py
+	$(PY) benchmarks/batch_bench.py
+	$(PY) benchmarks/ragged_attention_bench.py
 	$(PY) benchmarks/quantized_bench.py
