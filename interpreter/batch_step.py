@@ -71,6 +71,11 @@ def _step_locked(program, rows, observer) -> list:
                             axis=1)
     positions = [p for _, pos, _ in packed for p in pos]
     first = rows[0][0]
+    most = _most_tokens(program)
+    if most is not None and len(positions) > most:
+        raise first._fail(f"a batched step of {len(positions)} tokens ({len(rows)} rows) is more "
+                          f"than the graph's largest step ({most} tokens); step fewer rows or "
+                          "shorter chunks")
     tensors = list(program.initial_tensors)
     values = [None] * program.value_count
     shapes = bind_inputs(first._input_plan, {"tokens": tokens, "positions": positions},
@@ -98,6 +103,13 @@ def _step_locked(program, rows, observer) -> list:
     outputs = {name: tensors[slot] for name, slot in program.outputs.items()}
     return [_row_result(program, outputs, s, sp, flag, flags)
             for (s, _, _), sp, (_, _, flag) in zip(rows, spans, packed)]
+
+
+def _most_tokens(program):
+    """The largest step the graph takes (its token symbol's upper bound), or None."""
+    graph = program.graph
+    name = graph.tensors[graph.inputs["tokens"]].shape[1]
+    return next((s.max for s in graph.symbols if s.name == name), None)
 
 
 def _row_result(program, outputs, session, span, token_flag, node_flags):

@@ -155,6 +155,10 @@ def test_step_batch_refuses_bad_rows(tmp_path):
     with pytest.raises(mlxgraph.SessionError, match=r"shape \[1, 2\]"):
         program.step_batch([(a, [[1]], [0, 1]), (program.session(), [[2]], [0])])
     assert a.length == 0
+    with pytest.raises(mlxgraph.SessionError, match=r"batched step of 65 tokens \(2 rows\) is "
+                       r"more than the graph's largest step \(64 tokens\)"):
+        program.step_batch([(a, [[1] * 40], range(40)), (program.session(), [[2] * 25], range(25))])
+    assert a.length == 0
 
 
 # ----------------------------------------------------------------- the token-row analysis
