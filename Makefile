@@ -13,8 +13,8 @@ export HF_HUB_OFFLINE := 1
 
 # setup.py builds the optional native parts (interpreter/native/: the C BLAS router and the
 # quantized matrix-vector kernel) in place.
-$(STAMP): pyproject.toml setup.py $(wildcard interpreter/native/*.c interpreter/native/*.h) \
-		interpreter/native/quantized_matvec.cpp
+$(STAMP): pyproject.toml setup.py $(wildcard interpreter/native/*.c interpreter/native/*.h \
+		interpreter/native/*.cpp)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[export,dev,serve]"
 	touch $(STAMP)

@@ -8,6 +8,8 @@ install still succeeds and mlxgraph runs without it (the stats say so).
   primitive in a nanobind extension, compiled against the headers of the MLX wheel and in
   MLX's nanobind domain (both are build requirements, pyproject.toml). Without it,
   QuantizedLinear runs on mx.quantized_matmul.
+- float32 sigmoid and SiLU (interpreter/native/activations.cpp), an MLX primitive built the
+  same way: MLX's x86-64 CPU exp runs one element at a time. Without it, MLX's own ops.
 
 Everything else is declared in pyproject.toml.
 """
@@ -30,8 +32,9 @@ ROUTER = Extension(
 )
 
 
-def quantized_matvec() -> list:
-    """The kernel's Extension, or none when its build requirements are missing."""
+def mlx_primitives() -> list:
+    """The MLX-primitive extensions (quantized matvec, activations), or none when their
+    build requirements are missing."""
     try:
         import mlx
         import nanobind
@@ -42,19 +45,19 @@ def quantized_matvec() -> list:
     if not mlx_include.is_dir():
         return []
     return [Extension(
-        "mlxgraph.interpreter._quantized_matvec",
-        sources=["interpreter/native/quantized_matvec.cpp", str(nb / "src" / "nb_combined.cpp")],
+        f"mlxgraph.interpreter._{name}",
+        sources=[f"interpreter/native/{name}.cpp", str(nb / "src" / "nb_combined.cpp")],
         include_dirs=[str(mlx_include), str(nb / "include"),
                       str(nb / "ext" / "robin_map" / "include")],
         # MLX's Python module binds its arrays in the nanobind domain "mlx": the kernel's
         # module must join it to take and return mx.array.
         define_macros=[("NB_DOMAIN", "mlx"), ("NDEBUG", "1")],
-        extra_compile_args=["-O2", "-std=c++20", "-fvisibility=hidden"],
+        extra_compile_args=["-O2", "-std=c++20", "-fvisibility=hidden", "-Wno-psabi"],
         language="c++",
         optional=True,
-    )]
+    ) for name in ("quantized_matvec", "activations")]
 
 
 LINUX = sys.platform.startswith("linux")
 NATIVE = LINUX and platform.machine() in ("x86_64", "aarch64")
-setup(ext_modules=([ROUTER] if LINUX else []) + (quantized_matvec() if NATIVE else []))
+setup(ext_modules=([ROUTER] if LINUX else []) + (mlx_primitives() if NATIVE else []))

@@ -9,7 +9,10 @@ ignored, each in its own process (benchmarks/engines/*_engine.py). Engines:
   mlxgraph            the Python API path (mlxgraph.load() preloads the BLAS itself)
   mlxgraph-cli        `mlxgraph generate --json`, one process per run
   mlxgraph-no-router  MLXGRAPH_BLAS_ROUTER=0: every product through sgemm
-  mlxgraph-2-threads  MLXGRAPH_BLAS_THREADS=2 (the default is 1)
+  mlxgraph-1-thread   MLXGRAPH_BLAS_THREADS=1 (the default, auto, gives products of
+                      >= 1M multiply-adds every CPU, smaller ones 1 thread)
+  mlxgraph-2-threads  MLXGRAPH_BLAS_THREADS=2: every product on 2 threads
+  mlxgraph-mlx-silu   MLXGRAPH_NATIVE_ACTIVATIONS=0: MLX's own (one element at a time) SiLU
   mlxgraph-debian     Debian's OpenBLAS 0.3.21 instead of scipy-openblas32 (when installed)
   mlx-lm              as its users run it: the same OpenBLAS preloaded, no router
   transformers        torch eager, torch's own BLAS and threads
@@ -48,7 +51,9 @@ ENGINES = {
     "mlxgraph": ("mlxgraph_engine.py", "graph", {}),
     "mlxgraph-cli": ("mlxgraph_cli_engine.py", "graph", {}),
     "mlxgraph-no-router": ("mlxgraph_engine.py", "graph", {"MLXGRAPH_BLAS_ROUTER": "0"}),
+    "mlxgraph-1-thread": ("mlxgraph_engine.py", "graph", {"MLXGRAPH_BLAS_THREADS": "1"}),
     "mlxgraph-2-threads": ("mlxgraph_engine.py", "graph", {"MLXGRAPH_BLAS_THREADS": "2"}),
+    "mlxgraph-mlx-silu": ("mlxgraph_engine.py", "graph", {"MLXGRAPH_NATIVE_ACTIVATIONS": "0"}),
     "mlxgraph-debian": ("mlxgraph_engine.py", "graph", {"MLXGRAPH_BLAS": "libopenblas.so.0"}),
     "mlx-lm": ("mlx_lm_engine.py", "folder", {"MLXGRAPH_BLAS_ROUTER": "0"}),
     "transformers": ("transformers_engine.py", "folder", {}),

@@ -9,6 +9,7 @@ import math
 
 import mlx.core as mx
 
+from mlxgraph.interpreter import native_activations
 from mlxgraph.interpreter.kernels import register
 from mlxgraph.schema.enums import RoundingMode
 
@@ -41,7 +42,8 @@ def _register_float_unary(op: str, fn) -> None:
 
 for _op, _fn in {
     "Exp": mx.exp, "Log": mx.log, "Sqrt": mx.sqrt, "Rsqrt": mx.rsqrt, "Sin": mx.sin,
-    "Cos": mx.cos, "Tanh": mx.tanh, "Sigmoid": mx.sigmoid, "Erf": mx.erf,
+    "Cos": mx.cos, "Tanh": mx.tanh, "Sigmoid": native_activations.sigmoid,
+    "Erf": mx.erf,
     "Reciprocal": mx.reciprocal,
 }.items():
     _register_float_unary(_op, _fn)
@@ -67,9 +69,8 @@ def logical_not(x):
 
 @register("Silu")
 def silu(x):
-    """x * sigmoid(x)."""
-    x = _floating(x)
-    return x * mx.sigmoid(x)
+    """x * sigmoid(x) (native for float32 on the CPU: interpreter/native_activations.py)."""
+    return native_activations.silu(_floating(x))
 
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
