@@ -5,9 +5,12 @@ A batched step packs each session's tokens one after another along the token axi
 then computes each token from that token alone, so every row's result is its solo
 result, and UpdateAndAttend splits the rows between their own KV stores. This module
 proves the first part for a given graph, node by node, with the rules of token_rules.py:
-shapes come from a lazy probe step (MLX computes shapes without evaluating anything), the
-token axis is followed from the inputs to the outputs. A graph that fails is refused for
-batching with the node and the reason; it still runs one session at a time.
+shapes come from lazy probe steps (MLX computes shapes without evaluating anything), the
+token axis is followed from the inputs to the outputs. Two probe sizes (7 tokens, and 1
+when the graph allows it) check every output against what its rule said: only its token
+axis may change with the token count, so neither a size that equals the probe's count by
+coincidence nor a one-token row's size-1 token axis goes unseen. A graph that fails is
+refused for batching with the node and the reason; it still runs one session at a time.
 """
 
 from dataclasses import dataclass, field
@@ -60,10 +63,16 @@ def analyse(program) -> Batching:
     if count < 2 or count < symbol.min:
         return Batching(f"{where}: steps of this graph cannot hold two tokens "
                         f"({symbol.name} in [{symbol.min}, {symbol.max}])")
-    try:
-        shapes, numbers = _probe(program, count)
-    except Exception as e:  # noqa: BLE001 - the verdict says why, the caller decides
-        return Batching(f"{where}: a probe step of {count} tokens failed: {e}")
+    # The rules read the larger probe's shapes; the smaller (one token, a decode row's
+    # shape, when the graph allows it) shows which sizes really grow with the token count.
+    small = max(1, symbol.min)
+    probes = {}
+    for n in dict.fromkeys((count, small)):
+        try:
+            probes[n] = _probe(program, n)
+        except Exception as e:  # noqa: BLE001 - the verdict says why, the caller decides
+            return Batching(f"{where}: a probe step of {n} token{'s' * (n > 1)} failed: {e}")
+    shapes, numbers = probes[count]
     # Token axes as (axis, entries per token); sizes as (c, d) = c * tokens + d.
     axes = {tokens: (1, 1), positions: (0, 1)}
     token_values = {} if symbol.value is None else {symbol.value: (1, 0)}
@@ -82,6 +91,9 @@ def analyse(program) -> Batching:
             target = token_values if node.out_kind is FieldKind.VALUE_OUT else axes
             if a is not None:
                 target[slot] = a
+        if (reason := _unexplained(node, probes, axes, token_values)) is not None:
+            return Batching(f"{where}: node {node.index} ({op}) {reason}; its sessions step "
+                            "one at a time")
     missing = [name for name, slot in graph.outputs.items() if axes.get(slot, (0, 0))[1] != 1]
     if missing:
         return Batching(f"{where}: output {missing[0]} does not carry one entry per token, so "
@@ -107,6 +119,43 @@ def _check_reads(node, op, token_values) -> None:
                 continue
             what = "the token count" if kind == (1, 0) else "a number computed from the token count"
             raise Mixing(f"reads {what} in {name}, which packing would change")
+
+
+def _unexplained(node, probes, axes, token_values) -> str | None:
+    """Why ``node``'s outputs in the probe steps do not follow from the token axes the rules
+    gave them, or None (see :func:`_follows`)."""
+    value_out = node.out_kind is FieldKind.VALUE_OUT
+    for i, slot in enumerate(node.out_slots):
+        seen = {n: probe[1 if value_out else 0][slot] for n, probe in probes.items()}
+        tok = (token_values if value_out else axes).get(slot)
+        if tok == "derived" or any(s is None for s in seen.values()):
+            continue
+        if not _follows(seen, tok, value_out):
+            return (f"gives output {i} {seen} for steps of {list(seen)} tokens, which its token "
+                    f"axis ({'none' if tok is None else tok[0]}) does not explain")
+    return None
+
+
+def _follows(seen, tok, value_out) -> bool:
+    """Whether ``seen`` ({tokens: shape or number}) is what ``tok`` says: a number is c x
+    tokens (tok (c, 0)) or the same in every step; a shape's token axis holds per x tokens
+    entries (tok (axis, per)) and every other axis is the same size in every step."""
+    if value_out:
+        return (all(v == tok[0] * n for n, v in seen.items()) if tok is not None
+                else len(set(seen.values())) == 1)
+    if len({len(s) for s in seen.values()}) != 1:
+        return False
+    rank = len(next(iter(seen.values())))
+    axis, per = (None, 0) if tok is None else tok
+    if axis is not None and not 0 <= axis < rank:
+        return False
+    for a in range(rank):
+        sizes = {n: s[a] for n, s in seen.items()}
+        if a == axis and any(d != per * n for n, d in sizes.items()):
+            return False
+        if a != axis and len(set(sizes.values())) != 1:
+            return False
+    return True
 
 
 def _probe(program, count) -> tuple:

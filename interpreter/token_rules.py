@@ -193,7 +193,8 @@ def _matmul(n, a_name, b_name):
     if ta is not None:
         if ra == 1 or ta[0] == ra - 1:
             raise n.mix(f"contracts {a_name}'s token axis")
-        found = moved(ta, r - 2 if ta[0] == ra - 2 else ta[0] + r - ra)
+        # A 1-D b drops a's last axis only: a's other axes keep their places.
+        found = ta if rb == 1 else moved(ta, r - 2 if ta[0] == ra - 2 else ta[0] + r - ra)
     if tb is not None:
         if rb == 1 or tb[0] == rb - 2:
             raise n.mix(f"contracts {b_name}'s token axis")
@@ -216,7 +217,10 @@ def _addmm(n):
     if None not in (a, b) and a != b:
         raise n.mix("bias tokens meet the product's tokens on another axis")
     if a is not None and "bias" in n.slots and b is None:
-        broadcast(n, ("bias",), n.out_rank())  # a bias without tokens must not vary by row
+        # A bias without tokens must not vary along the product's token axis.
+        pos = a[0] - (n.out_rank() - n.rank("bias"))
+        if pos >= 0 and n.shape("bias")[pos] != 1:
+            raise n.mix("its bias varies along the token axis without carrying tokens")
     return [a if a is not None else b]
 
 
@@ -249,4 +253,8 @@ def _gather(n):
         raise n.mix("gathers along the token axis")
     if None not in (tx, ti) and tx != ti:
         raise n.mix("x's and indices' tokens are on different axes")
+    if tx is None and ti is not None and ti[0] != g and n.shape("x")[ti[0]] != 1:
+        # Taken along an axis, x is cut to the indices' size on the others: token i of
+        # the step would read x's entry i, its place in the packed step.
+        raise n.mix("indexes an x without tokens that varies along the token axis")
     return [tx if tx is not None else ti]

@@ -150,9 +150,10 @@ def _squeeze(n):
     if t is None:
         return [None]
     picked = {_norm(x, len(shape)) for x in n.attr("axes", ())} or set(range(len(shape)))
+    if t[0] in picked:
+        # A row of one token has a token axis of size 1: alone, it would be squeezed.
+        raise n.mix("may squeeze the token axis (size 1 in a one-token step)")
     dropped = [x for x in picked if shape[x] == 1]
-    if t[0] in dropped:
-        raise n.mix("squeezes the token axis")
     return [moved(t, t[0] - sum(1 for x in dropped if x < t[0]))]
 
 

@@ -5,13 +5,13 @@ the token-row analysis refuses graphs whose nodes would let one row see another.
 import mlx.core as mx
 import numpy as np
 import pytest
-from synthetic_graphs import GraphSpec, llama
+from synthetic_graphs import llama
 from tiny_graph import VOCAB, build_tiny_graph
+from token_mix_graphs import mix_graph
 
 import mlxgraph
 from mlxgraph.interpreter.kv_cache import CacheError
 from mlxgraph.interpreter.token_rows import Batching
-from mlxgraph.schema.records import ModelInfo
 
 TOL = 1e-5
 REFUSED = (mlxgraph.SessionError, CacheError)
@@ -163,27 +163,6 @@ def test_step_batch_refuses_bad_rows(tmp_path):
 
 # ----------------------------------------------------------------- the token-row analysis
 
-def _graph(tmp_path, middle):
-    """tokens -> Embedding [1, T, 8] -> middle(g, x, T) -> Linear -> logits [1, T, 16]."""
-    g = GraphSpec()
-    t_val = g.symbol("T", 1, 32)
-    tok, pos = g.tensor("tokens", "int32", (1, "T")), g.tensor("positions", "int32", ("T",))
-    g.inputs += [("tokens", tok), ("positions", pos)]
-    rng = np.random.default_rng(0)
-    emb = g.const("embed", rng.standard_normal((16, 8)).astype(np.float32))
-    head = g.const("head", rng.standard_normal((16, 8)).astype(np.float32))
-    x = g.tensor("x", "float32", (1, "T", 8))
-    g.node("Embedding", weight=emb, indices=tok, out=x)
-    y = middle(g, x, t_val)
-    logits = g.tensor("logits", "float32", (1, "T", 16))
-    g.node("Linear", x=y, weight=head, out=logits)
-    g.outputs.append(("logits", logits))
-    g.metadata = ModelInfo(architecture="Mix", vocab_size=16, max_context=32)
-    path = tmp_path / "mix.mlxg"
-    g.write(path)
-    return mlxgraph.load(path)
-
-
 def _op(op, **fields):
     def middle(g, x, t_val):
         out = g.tensor("y", "float32", (1, "T", 8))
@@ -258,7 +237,7 @@ def _heads(g, x, t_val):  # [1, T, 8] -> [1, T, 2, 4] -> [1, 2, T, 4] -> back: p
 def test_graphs_that_mix_tokens_are_refused_and_would_be_wrong(tmp_path, middle, reason):
     """Each graph is refused with its node and reason; forced to batch anyway, its rows
     differ from their solo runs (so the refusal is needed, not merely cautious)."""
-    program = _graph(tmp_path, middle)
+    program = mix_graph(tmp_path, middle)
     assert program.batching.problem is not None
     assert __import__("re").search(reason, program.batching.problem), program.batching.problem
     rows = [(program.session(), mx.array([[1, 2, 3]]), range(3)),
@@ -274,7 +253,7 @@ def test_graphs_that_mix_tokens_are_refused_and_would_be_wrong(tmp_path, middle,
 
 @pytest.mark.parametrize("middle", [_heads, _blocks])
 def test_per_token_layout_is_accepted_and_exact(tmp_path, middle):
-    program = _graph(tmp_path, middle)
+    program = mix_graph(tmp_path, middle)
     assert program.batching.problem is None
     toks = [mx.array([[1, 2, 3]]), mx.array([[4]]), mx.array([[5, 6]])]
     solo = [program.session().step(t, range(t.shape[1])) for t in toks]
