@@ -66,7 +66,9 @@ def _row_inputs(program, s, tokens, positions) -> tuple:
 
 def _step_locked(program, rows, observer) -> list:
     packed = [_row_inputs(program, s, t, p) for s, t, p in rows]
-    dtype = packed[0][0].dtype
+    # Every row in the graph's token dtype (a solo step casts to it too): packed in the
+    # first row's dtype, a uint8 row first would wrap another row's id 300 to 44.
+    dtype = program.tensor_dtypes[program.graph.inputs["tokens"]] or mx.int32
     tokens = mx.concatenate([a if a.dtype == dtype else a.astype(dtype) for a, _, _ in packed],
                             axis=1)
     positions = [p for _, pos, _ in packed for p in pos]

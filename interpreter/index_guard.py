@@ -28,6 +28,9 @@ def clamp_indices(indices: mx.array, size: int, wrap_negative: bool = False):
         raise ValueError(f"indices must be integers, got {indices.dtype}")
     if size < 1:
         raise ValueError("the table has no entries to index")
+    if indices.dtype.size < 4:
+        # int8/uint8/int16 ids cannot hold the clamp bound (mx.clip would refuse it).
+        indices = indices.astype(mx.int32)
     if wrap_negative and mx.issubdtype(indices.dtype, mx.signedinteger):
         indices = mx.where(indices < 0, indices + size, indices)
     if mx.issubdtype(indices.dtype, mx.unsignedinteger):

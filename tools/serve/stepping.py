@@ -107,19 +107,27 @@ class Stepper:
         for all of them) when the graph allows it; a refused batch falls back to one step
         per job, so one bad row fails only its own job."""
         counters = self.counters
+        rewound = {}
         if len(jobs) > 1 and jobs[0].session.program.batching.problem is None:
-            rows = [(j.session, j.y.reshape(1, 1), [j.session.length]) for j in jobs]
+            lengths = [j.session.length for j in jobs]
+            rows = [(j.session, j.y.reshape(1, 1), [n]) for j, n in zip(jobs, lengths)]
             try:
                 outs = jobs[0].session.program.step_batch(rows)
                 counters["decode_steps"] += 1
                 counters["decode_rows"] += len(jobs)
                 return [(j, out[:, -1, :]) for j, out in zip(jobs, outs)]
-            except Exception:  # noqa: BLE001 - nothing changed; find the row alone below
+            except Exception as e:  # noqa: BLE001 - find the bad row alone below
                 counters["batch_fallbacks"] += 1
-        counters["decode_steps"] += len(jobs)
-        counters["decode_rows"] += len(jobs)
+                # Nothing changed, but for a session whose earlier step failed its index
+                # check: rewound, as its own step would leave it, and that is its error.
+                rewound = {id(j): e for j, n in zip(jobs, lengths) if j.session.length != n}
+        counters["decode_steps"] += len(jobs) - len(rewound)
+        counters["decode_rows"] += len(jobs) - len(rewound)
         done = []
         for job in jobs:
+            if id(job) in rewound:
+                done.append((job, rewound[id(job)]))
+                continue
             start = job.session.length
             try:
                 done.append((job, job.session.step(job.y.reshape(1, 1), [start])[:, -1, :]))
