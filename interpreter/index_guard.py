@@ -70,6 +70,12 @@ class PendingChecks:
         """Forget every pending flag (the history they guard is gone)."""
         self._steps.clear()
 
+    def copy(self) -> "PendingChecks":
+        """The same pending flags, read independently (a fork shares the history)."""
+        twin = PendingChecks()
+        twin._steps.extend(self._steps)
+        return twin
+
     def first_failure(self, keep_latest: bool):
         """The oldest failed check as ``(start, n_new, what)``, or None; checked steps are
         dropped. ``keep_latest`` leaves the most recent step unread (it may still be running).

@@ -29,8 +29,10 @@ class SessionState(ForksOnCopy):
         """
         with self._exclusive():
             stores, length = {lid: store.fork() for lid, store in self.stores.items()}, self._length
+            pending = self._pending.copy()  # a bad lazy token in the history fails both
         twin = type(self)(self.program, **self._options)
         twin.adopt_stores(stores, length)
+        twin._pending = pending
         return twin
 
     @property
@@ -82,10 +84,14 @@ class SessionState(ForksOnCopy):
             The file's size in bytes.
         Raises:
             CacheError: a step is open. ValueError: wrong token count. OSError.
+            SessionError / GraphRuntimeError: a pending index check failed (see
+                ``check``): the session is rewound and nothing is saved.
         """
         from mlxgraph.interpreter.cache_file import save_session
 
         with self._exclusive():
+            # A restored file has no pending checks: a bad lazy token must fail here.
+            self._raise_failed_checks(keep_latest=False)
             return save_session(self, path, tokens)
 
     def restore(self, path) -> None:

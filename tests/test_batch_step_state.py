@@ -130,3 +130,26 @@ def test_server_fallback_ends_the_job_whose_session_a_refused_batch_rewound(tmp_
     assert jobs[0].session.length == 2
     assert not isinstance(second, Exception) and jobs[1].session.length == 5
     assert stepper.counters["batch_fallbacks"] == 1
+
+
+def test_a_bad_lazy_token_fails_the_forks_and_the_save_of_its_history(tmp_path):
+    """A batched row fed a lazy id outside the vocabulary (clamped, flagged): a fork taken
+    before the flag is read shares that history, so it fails too; a save refuses it (a
+    restored file would carry it with no check at all)."""
+    path = tmp_path / "tiny.mlxg"
+    build_tiny_graph(path)
+    p = mlxgraph.load(path)
+    a, b = p.session(), p.session()
+    mx.eval(p.step_batch([_row(a, [1, 2]), _row(b, [3])]))
+    p.step_batch([(a, mx.array([[VOCAB + 5]]), [2]), _row(b, [4])])
+    fork = a.fork()
+    for s in (fork, a):
+        with pytest.raises(mlxgraph.SessionError, match="outside the vocabulary"):
+            s.check()
+        assert s.length == 2
+    p.step_batch([(a, mx.array([[VOCAB + 1]]), [2]), _row(b, [5])])
+    with pytest.raises(mlxgraph.SessionError, match="outside the vocabulary"):
+        a.save(tmp_path / "a.cache")
+    assert a.length == 2 and not (tmp_path / "a.cache").exists()
+    b.check()
+    assert b.save(tmp_path / "b.cache") > 0
