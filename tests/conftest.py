@@ -2,7 +2,7 @@
 
 ``tiny_hf_folder(arch)`` returns a folder saved once per test session, for any test that
 wants a real model folder on disk. The configs are small (2-3 layers, hidden 64, the 256
-byte vocabulary) so exporting one takes a few seconds.
+byte vocabulary) so exporting one takes a few seconds. torch runs one thread per test process.
 """
 
 import json
@@ -15,6 +15,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # BLAS threads (the default policy uses every CPU for large products) oversubscribe the
 # cores. Tests of the thread policy set their own value in a subprocess.
 os.environ.setdefault("MLXGRAPH_BLAS_THREADS", "1")
+
+try:
+    import torch
+except ImportError:  # an install without the export extra: the torch tests are skipped
+    torch = None
+else:
+    # One intra-op thread per test process: make test runs one pytest-xdist worker per core,
+    # and torch's default (a thread per core, each spinning while it waits for work) turns a
+    # tiny model's decode step into milliseconds of spinning per Linear (10x the CPU time).
+    torch.set_num_threads(1)
+# The same for a test's own child processes that run torch (a fresh-process export, a
+# transformers oracle): OpenMP reads this at start.
+TORCH_CHILD_ENV = {"OMP_NUM_THREADS": "1"}
 
 # arch -> (transformers model_type, config overrides). Sliding windows are smaller than the
 # parity tests' context (17 + 40 tokens) so the window is really exercised.

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TORCH_CHILD_ENV
 from tool_helpers import run_cli
 
 import mlxgraph
@@ -35,7 +36,7 @@ def chat_model(tmp_path_factory):
         capture_output=True,
         text=True,
         timeout=600,
-        env=ENV,
+        env={**ENV, **TORCH_CHILD_ENV},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return folder, graph, json.loads(proc.stdout.strip().splitlines()[-1])

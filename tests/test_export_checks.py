@@ -6,12 +6,14 @@ process, one after the other or in two threads, write the same bytes as an expor
 process of its own (the state of an export lives in objects owned by that export).
 """
 
+import os
 import subprocess
 import sys
 import threading
 
 import pytest
 import torch
+from conftest import TORCH_CHILD_ENV
 
 from mlxgraph.exporter import ExportError, export
 from mlxgraph.exporter.lowerings import lowerings
@@ -82,7 +84,7 @@ def test_exports_in_one_process_and_in_threads_match_a_fresh_process(tmp_path, t
     fresh = tmp_path / "fresh.mlxg"
     subprocess.run([sys.executable, "-c", "import sys; from mlxgraph.exporter import export; "
                     "export(sys.argv[1], sys.argv[2], max_seq_len=16)", str(folder), str(fresh)],
-                   check=True, capture_output=True)
+                   check=True, capture_output=True, env={**os.environ, **TORCH_CHILD_ENV})
     want = fresh.read_bytes()
     assert _export_bytes(folder, tmp_path / "a.mlxg") == want
     assert _export_bytes(folder, tmp_path / "b.mlxg") == want  # the second in one process

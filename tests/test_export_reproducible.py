@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+from conftest import TORCH_CHILD_ENV
+
 
 def test_cli_exports_are_reproducible_across_runs(tmp_path):
     """tiny-gemma3 computes its per-layer-type RoPE in `set` order (transformers' code), which
@@ -15,6 +17,6 @@ def test_cli_exports_are_reproducible_across_runs(tmp_path):
         out = tmp_path / f"{name}.mlxg"
         subprocess.run([sys.executable, "-m", "mlxgraph", "export", "tiny-gemma3", "-o", str(out),
                         "--max-seq-len", "16"], check=True, capture_output=True,
-                       env={**env, **extra}, timeout=300)
+                       env={**env, **extra, **TORCH_CHILD_ENV}, timeout=300)
         files.append(out.read_bytes())
     assert files[0] == files[1]

@@ -14,6 +14,7 @@ import textwrap
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import TORCH_CHILD_ENV
 from tool_helpers import generate_cli as _cli
 from tool_helpers import synthetic_graph as _graph
 
@@ -224,7 +225,7 @@ def tiny_llama(tmp_path_factory):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **TORCH_CHILD_ENV},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return path, json.loads(proc.stdout.strip().splitlines()[-1])
