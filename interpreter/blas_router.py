@@ -6,8 +6,10 @@ third of the memory speed its ``cblas_sgemv`` reaches. The router exports the th
 ``cblas_*`` names libmlx binds and sends M == 1 / N == 1 products to the target BLAS's
 sgemv, products with 2..8 rows (or columns) to its own kernel (native/small_gemm.c: the
 weight is read once for all rows), the rest to the BLAS's sgemm. Each call gets a number
-of threads by its size (:class:`ThreadPolicy`). It also maps prefixed builds
-(scipy-openblas32's ``scipy_cblas_sgemm``) to the plain names MLX looks for.
+of threads by its size (:class:`ThreadPolicy`); the router runs a threaded call itself, in
+chunks claimed by sleeping helper threads (native/pool.c), each chunk a one-thread BLAS
+call, so a busy machine cannot stall a product on a descheduled BLAS worker. It also maps
+prefixed builds (scipy-openblas32's ``scipy_cblas_sgemm``) to the plain names MLX looks for.
 
 This module must not import mlx (or anything that does).
 """

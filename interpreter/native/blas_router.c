@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "pool.h"
 #include "small_gemm.h"
 
 enum { ROW_MAJOR = 101, COL_MAJOR = 102, NO_TRANS = 111, TRANS = 112 };  /* ConjTrans = Trans */
@@ -35,11 +36,13 @@ typedef void (*threads_fn)(int);
 static threads_fn set_threads;   /* the target's openblas_set_num_threads, if it has one */
 static int routing = 1;
 /* Threads per call: products of fewer than min_work multiply-adds run on few_threads, the
- * others on many_threads (0 = leave the BLAS's own setting; small_gemm then runs on one).
- * Waking a second thread costs more than a small product gains, and a spinning BLAS thread
- * competes with MLX's own. MLX calls BLAS from one thread per stream, so the BLAS's
- * current setting can be kept in a plain variable. */
-static int few_threads, many_threads, current_threads;
+ * others on many_threads (0 = leave the BLAS's own threading alone). The router threads
+ * a product itself (pool.c: chunks of columns, each a one-thread BLAS call): OpenBLAS's
+ * own workers spin between calls and split a product in fixed shares, so on a shared
+ * machine one descheduled worker stalls the whole product; the pool's helpers sleep and
+ * claim chunks, and the caller does the chunks a late helper did not claim. */
+static int few_threads, many_threads;
+static int blas_threads;   /* the count last given to the BLAS (0: never set) */
 static long min_work;
 /* calls taken by each path, and calls run on more than one thread (tests, stats) */
 enum { N_GEMV, N_SMALL, N_GEMM, N_THREADED, N_COUNTS };
@@ -76,12 +79,13 @@ int mlxgraph_router_threads(int few, int many, long min_work_) {
     few_threads = few;
     many_threads = many;
     min_work = min_work_;
-    current_threads = 0;
+    blas_threads = 0;
     return 0;
 }
 
 void mlxgraph_router_counts(long *out, int n) {
-    for (int i = 0; i < n && i < N_COUNTS; i++) out[i] = __atomic_load_n(&counts[i], __ATOMIC_RELAXED);
+    for (int i = 0; i < n && i < N_COUNTS; i++)
+        out[i] = __atomic_load_n(&counts[i], __ATOMIC_RELAXED);
 }
 
 static void count(int what) { __atomic_fetch_add(&counts[what], 1, __ATOMIC_RELAXED); }
@@ -93,10 +97,10 @@ static int threads_for(long M, long N, long K) {
     return n;
 }
 
-static void use_threads(int n) {
-    if (n > 0 && n != current_threads) {
+static void use_blas_threads(int n) {
+    if (n > 0 && n != blas_threads) {
         set_threads(n);
-        current_threads = n;
+        blas_threads = n;
     }
 }
 
@@ -145,7 +149,56 @@ static int row_major_small(int ta, int tb, int M, int N, int K, float alpha, con
                       A, lda, ta == NO_TRANS, beta, C, 1, ldc, threads);
 }
 
+/* The fewest rows or columns a chunk of a threaded BLAS call gets. */
+#define MIN_CHUNK 16
+
 static int is_small(int rows) { return rows >= SMALL_ROWS_MIN && rows <= SMALL_ROWS_MAX; }
+
+/* One product, row-major, split into chunks along its longer side (columns of C for a
+ * wide C, rows for a tall one), each a one-thread BLAS call. */
+struct chunked {
+    int ta, tb, M, N, K, lda, ldb, ldc, by_rows, per, matvec;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+};
+
+static void run_chunk(void *ctx, int c) {
+    const struct chunked *j = ctx;
+    int lo = c * j->per, len = (j->by_rows ? j->M : j->N) - lo;
+    len = len < j->per ? len : j->per;
+    const float *A = j->A, *B = j->B;
+    float *C = j->C;
+    int M = j->M, N = j->N;
+    if (j->by_rows) {   /* rows lo.. of op(A) and C */
+        A += j->ta == NO_TRANS ? (long)lo * j->lda : lo;
+        C += (long)lo * j->ldc;
+        M = len;
+    } else {            /* columns lo.. of op(B) and C */
+        B += j->tb == NO_TRANS ? lo : (long)lo * j->ldb;
+        C += lo;
+        N = len;
+    }
+    if (j->matvec)
+        row_major_matvec(j->ta, j->tb, M, N, j->K, j->alpha, A, j->lda, B, j->ldb, j->beta, C,
+                         j->ldc);
+    else
+        real_sgemm(ROW_MAJOR, j->ta, j->tb, M, N, j->K, j->alpha, A, j->lda, B, j->ldb,
+                   j->beta, C, j->ldc);
+}
+
+/* The product on `threads` threads: 0 = the BLAS's own threading, else chunks (pool.c). */
+static void run_blas(int matvec, int ta, int tb, int M, int N, int K, float alpha,
+                     const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                     int ldc, int threads) {
+    struct chunked j = {ta, tb, M, N, K, lda, ldb, ldc, N < M, 0, matvec, alpha, beta, A, B,
+                        C};
+    int side = j.by_rows ? M : N, parts = threads > 1 ? 4 * threads : 1;
+    j.per = (side + parts - 1) / parts;
+    if (j.per < MIN_CHUNK) j.per = MIN_CHUNK;
+    if (threads > 0) use_blas_threads(1);
+    pool_run(run_chunk, &j, (side + j.per - 1) / j.per, threads);
+}
 
 void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float *A,
                  int lda, const float *B, int ldb, float beta, float *C, int ldc) {
@@ -159,21 +212,19 @@ void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, co
     /* K == 0 must still scale C by beta, which sgemv skips; empty products go to sgemm. */
     int routable = routing && M > 0 && N > 0 && K > 0;
     int threads = threads_for(M, N, K);
-    if (routable && (M == 1 || N == 1)) {
-        count(N_GEMV);
-        use_threads(threads);
-        row_major_matvec(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    if (routable && (is_small(M) || is_small(N)) &&
+    int matvec = routable && (M == 1 || N == 1);
+    if (routable && !matvec && (is_small(M) || is_small(N)) &&
         row_major_small(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
                         threads > 0 ? threads : 1) == 0) {
         count(N_SMALL);
         return;
     }
-    count(N_GEMM);
-    use_threads(threads);
-    real_sgemm(ROW_MAJOR, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    count(matvec ? N_GEMV : N_GEMM);
+    if (M <= 0 || N <= 0) {   /* nothing to split; the BLAS checks the arguments */
+        real_sgemm(ROW_MAJOR, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    run_blas(matvec, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, threads);
 }
 
 void cblas_dgemm(int order, int ta, int tb, int M, int N, int K, double alpha, const double *A,

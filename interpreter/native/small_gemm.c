@@ -7,16 +7,16 @@
  * run along k ("dot": MLX's x @ W.T) each weight row meets every X row in vector
  * registers; when they run along n ("axpy") a block of 32 columns accumulates over k.
  * X is small and stays in cache. Runtime dispatch: GCC target clones (AVX-512, AVX2,
- * baseline) on x86-64. Columns are split over a few persistent helper threads. */
+ * baseline) on x86-64. Columns are shared out in chunks over threads (pool.c). */
 #include "small_gemm.h"
 
-#include <pthread.h>
+#include "pool.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 #define VL 16   /* floats per vector */
 #define AXPY_COLS (2 * VL)
-#define MAX_THREADS 8
 typedef float vf __attribute__((vector_size(4 * VL)));
 typedef float vf8 __attribute__((vector_size(32)));
 
@@ -135,80 +135,16 @@ CLONES static void run_part(const struct problem *p, int n0, int n1) {
     }
 }
 
-/* ---- helper threads: one product at a time, columns split in equal aligned parts ---- */
-static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;   /* one product at a time */
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t pool_wake = PTHREAD_COND_INITIALIZER;
-static pthread_cond_t pool_done = PTHREAD_COND_INITIALIZER;
-static int helpers_started, parts, pending;
-static long generation;
-static const struct problem *job;
+/* Columns in chunks of whole 32-column blocks, about four per thread (pool.c). */
+struct split {
+    const struct problem *p;
+    int cols;   /* per chunk */
+};
 
-static void part_range(const struct problem *p, int part, int of, int *n0, int *n1) {
-    int chunk = (p->cols + of - 1) / of;
-    chunk = (chunk + AXPY_COLS - 1) / AXPY_COLS * AXPY_COLS;
-    *n0 = part * chunk < p->cols ? part * chunk : p->cols;
-    *n1 = *n0 + chunk < p->cols ? *n0 + chunk : p->cols;
-}
-
-static void *helper(void *arg) {
-    int index = (int)(long)arg;   /* part index: 1 .. MAX_THREADS - 1 */
-    long seen = 0;
-    for (;;) {
-        pthread_mutex_lock(&pool_lock);
-        while (generation == seen) pthread_cond_wait(&pool_wake, &pool_lock);
-        seen = generation;
-        const struct problem *p = job;
-        int of = parts;
-        pthread_mutex_unlock(&pool_lock);
-        if (index >= of) continue;
-        int n0, n1;
-        part_range(p, index, of, &n0, &n1);
-        if (n0 < n1) run_part(p, n0, n1);
-        pthread_mutex_lock(&pool_lock);
-        if (--pending == 0) pthread_cond_signal(&pool_done);
-        pthread_mutex_unlock(&pool_lock);
-    }
-    return NULL;
-}
-
-/* A forked child has none of the parent's helpers, and a lock may have been held. */
-static void after_fork_in_child(void) {
-    pthread_mutex_init(&call_lock, NULL);
-    pthread_mutex_init(&pool_lock, NULL);
-    pthread_cond_init(&pool_wake, NULL);
-    pthread_cond_init(&pool_done, NULL);
-    helpers_started = 0;
-}
-
-/* Run p on `threads` threads (fewer if helpers cannot be started). Holds call_lock. */
-static void run_threaded(const struct problem *p, int threads) {
-    static int fork_handler;
-    if (!fork_handler) fork_handler = pthread_atfork(NULL, NULL, after_fork_in_child) == 0;
-    while (helpers_started < threads - 1) {
-        pthread_t t;
-        if (pthread_create(&t, NULL, helper, (void *)(long)(helpers_started + 1)) != 0) break;
-        pthread_detach(t);
-        helpers_started++;
-    }
-    if (threads > helpers_started + 1) threads = helpers_started + 1;
-    if (threads <= 1) {
-        run_part(p, 0, p->cols);
-        return;
-    }
-    pthread_mutex_lock(&pool_lock);
-    job = p;
-    parts = threads;
-    pending = threads - 1;
-    generation++;
-    pthread_cond_broadcast(&pool_wake);
-    pthread_mutex_unlock(&pool_lock);
-    int n0, n1;
-    part_range(p, 0, threads, &n0, &n1);
-    run_part(p, n0, n1);
-    pthread_mutex_lock(&pool_lock);
-    while (pending > 0) pthread_cond_wait(&pool_done, &pool_lock);
-    pthread_mutex_unlock(&pool_lock);
+static void run_chunk(void *ctx, int c) {
+    const struct split *s = ctx;
+    int n0 = c * s->cols, n1 = n0 + s->cols < s->p->cols ? n0 + s->cols : s->p->cols;
+    run_part(s->p, n0, n1);
 }
 
 int small_gemm(int rows, int cols, int depth, float alpha, const float *x, long x_row,
@@ -226,15 +162,11 @@ int small_gemm(int rows, int cols, int depth, float alpha, const float *x, long 
         p.x_row = depth;
         p.x_col = 1;
     }
-    if (threads > MAX_THREADS) threads = MAX_THREADS;
-    if (threads < 1 || cols < 2 * AXPY_COLS) threads = 1;
-    if (threads > 1) {
-        pthread_mutex_lock(&call_lock);
-        run_threaded(&p, threads);
-        pthread_mutex_unlock(&call_lock);
-    } else {
-        run_part(&p, 0, cols);
-    }
+    int parts = threads > 1 ? 4 * threads : 1;
+    int per = (cols + parts - 1) / parts;
+    per = (per + AXPY_COLS - 1) / AXPY_COLS * AXPY_COLS;
+    struct split sp = {&p, per};
+    pool_run(run_chunk, &sp, (cols + per - 1) / per, threads);
     free(packed);
     return 0;
 }
