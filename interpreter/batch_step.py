@@ -103,8 +103,8 @@ def _step_locked(program, rows, observer) -> list:
     if len(program.checked_shapes) < 4096:
         program.checked_shapes.add(shapes)
     outputs = {name: tensors[slot] for name, slot in program.outputs.items()}
-    return [_row_result(program, outputs, s, sp, flag, flags)
-            for (s, _, _), sp, (_, _, flag) in zip(rows, spans, packed)]
+    return [_row_result(program, outputs, s, sp, flag, [(node, f[i]) for node, f in flags])
+            for i, ((s, _, _), sp, (_, _, flag)) in enumerate(zip(rows, spans, packed))]
 
 
 def _most_tokens(program):
@@ -115,7 +115,8 @@ def _most_tokens(program):
 
 
 def _row_result(program, outputs, session, span, token_flag, node_flags):
-    """One row's outputs, cut from the packed ones; its session moves on by its tokens."""
+    """One row's outputs, cut from the packed ones; its session moves on by its tokens.
+    ``node_flags``: this row's own index checks."""
     _, start, n = span
     axes = program.batching.output_axes
     outs = {name: out[(slice(None),) * axes[name] + (slice(start, start + n),)]

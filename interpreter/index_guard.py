@@ -17,9 +17,13 @@ from mlxgraph.interpreter.errors import GraphRuntimeError
 from mlxgraph.schema.spec import FieldKind, op_spec
 
 
-def clamp_indices(indices: mx.array, size: int, wrap_negative: bool = False):
+def clamp_indices(indices: mx.array, size: int, wrap_negative: bool = False, rows=None):
     """``(safe, flag)``: indices clamped into ``[0, size)`` and a lazy 0-d bool, True when
     one was outside (``[-size, size)`` with ``wrap_negative``, which counts from the end).
+
+    With ``rows`` (a batched step: ``((start, count), ...)`` and the indices' token axis
+    ``(axis, per)``, or None when they carry no tokens), ``flag`` is a tuple of one flag
+    per row, each from its own tokens' indices only (as its solo step would have it).
 
     Raises:
         ValueError: indices are not integers, or the table is empty (nothing to read).
@@ -37,7 +41,16 @@ def clamp_indices(indices: mx.array, size: int, wrap_negative: bool = False):
         safe = mx.minimum(indices, size - 1)
     else:
         safe = mx.clip(indices, 0, size - 1)
-    return safe, mx.any(safe != indices)
+    bad = safe != indices
+    return safe, mx.any(bad) if rows is None else _row_flags(bad, *rows)
+
+
+def _row_flags(bad, spans, tok) -> tuple:
+    if tok is None:  # indices without tokens: the same for every row
+        return (mx.any(bad),) * len(spans)
+    axis, per = tok
+    return tuple(mx.any(bad[(slice(None),) * axis + (slice(start * per, (start + n) * per),)])
+                 for start, n in spans)
 
 
 def poison(outputs: dict, flags: list) -> dict:
@@ -89,9 +102,10 @@ class PendingChecks:
         return None
 
 
-def guard_node_indices(node, kw: dict, flags: list) -> None:
+def guard_node_indices(node, kw: dict, flags: list, rows=None) -> None:
     """Clamp a gather node's tensor indices into its table (``node.guard`` says which
-    argument indexes which table along which axis) and append ``(node, flag)`` to flags.
+    argument indexes which table along which axis) and append ``(node, flag)`` to flags
+    (in a batched step, ``rows`` as for clamp_indices: a flag per row).
 
     Raises:
         IndexError: the axis is outside the table's rank. ValueError: see clamp_indices.
@@ -103,7 +117,7 @@ def guard_node_indices(node, kw: dict, flags: list) -> None:
     table = kw[table_field]
     if not -table.ndim <= axis < table.ndim:
         raise IndexError(f"axis {axis} out of range for a tensor of rank {table.ndim}")
-    kw[index_field], flag = clamp_indices(index, table.shape[axis], wrap)
+    kw[index_field], flag = clamp_indices(index, table.shape[axis], wrap, rows)
     flags.append((node, flag))
 
 

@@ -47,7 +47,7 @@ def run_nodes(program, tensors, values, ctx, observer=None, flags=None, check_si
             kw["ctx"] = ctx
         try:
             if node.guard is not None:
-                guard_node_indices(node, kw, flags)
+                guard_node_indices(node, kw, flags, _guard_rows(program, node, ctx))
             result = node.fn(**kw)
             if check_sizes:
                 check_output(node, result)
@@ -66,6 +66,15 @@ def run_nodes(program, tensors, values, ctx, observer=None, flags=None, check_si
                 tensors[slot] = arr
         if observer is not None:
             observer(node.index, node.record, outputs)
+
+
+def _guard_rows(program, node, ctx):
+    """A batched step's row spans and the token axis of ``node``'s indices (its index
+    checks are then per row); None for one session's step."""
+    if ctx.rows is None:
+        return None
+    return (tuple((start, n) for _, start, n in ctx.rows),
+            program.batching.index_axes.get(node.index))
 
 
 def node_error(program, node, e: Exception) -> Exception:

@@ -33,10 +33,13 @@ PROBE_TOKENS = 7  # any count >= 2 works; an odd prime rarely equals a model dim
 @dataclass(frozen=True)
 class Batching:
     """The verdict: ``problem`` is None when sessions may be stepped together, else one line
-    naming the node and what it does; ``output_axes`` is each output's token axis."""
+    naming the node and what it does; ``output_axes`` is each output's token axis;
+    ``index_axes`` the token axis (axis, per) of each index-checked node's indices, or
+    None (they carry no tokens), so a bad index fails its own row only."""
 
     problem: str | None
     output_axes: dict = field(default_factory=dict)
+    index_axes: dict = field(default_factory=dict)
 
 
 def analyse(program) -> Batching:
@@ -98,7 +101,10 @@ def analyse(program) -> Batching:
     if missing:
         return Batching(f"{where}: output {missing[0]} does not carry one entry per token, so "
                         "it cannot be split by row")
-    return Batching(None, {name: axes[slot][0] for name, slot in graph.outputs.items()})
+    index_axes = {node.index: axes.get(dict(node.tensor_reads).get(node.guard[0]))
+                  for node in program.nodes if node.guard is not None}
+    return Batching(None, {name: axes[slot][0] for name, slot in graph.outputs.items()},
+                    index_axes)
 
 
 def _check_reads(node, op, token_values) -> None:

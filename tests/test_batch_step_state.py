@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from synthetic_graphs import llama
 from tiny_graph import VOCAB, build_tiny_graph
+from token_mix_graphs import mix_graph
 
 import mlxgraph
 from mlxgraph.tools.serve.stepping import Stepper
@@ -153,3 +154,36 @@ def test_a_bad_lazy_token_fails_the_forks_and_the_save_of_its_history(tmp_path):
     assert a.length == 2 and not (tmp_path / "a.cache").exists()
     b.check()
     assert b.save(tmp_path / "b.cache") > 0
+
+
+def _token_index(g, x, t_val):  # each token's id indexes an 8-entry table: ids >= 8 are bad
+    idx = g.tensor("idx", "int32", ("T", 1))
+    g.node("Reshape", x=g.inputs[0][1], out=idx, shape=[-1, 1])
+    table = g.const("table", np.arange(8, dtype=np.float32).reshape(1, 8))
+    got = g.tensor("got", "float32", ("T", 1))
+    g.node("Gather", x=table, indices=idx, axis=1, out=got)
+    col = g.tensor("col", "float32", (1, "T", 1))
+    g.node("Reshape", x=got, out=col, shape=[1, -1, 1])
+    y = g.tensor("y", "float32", (1, "T", 8))
+    g.node("Add", a=x, b=col, out=y)
+    return y
+
+
+def test_an_index_out_of_range_in_one_row_fails_that_row_only(tmp_path):
+    """A gather's computed index outside its table (clamped, flagged lazily) in one row:
+    that row's logits are NaN and its session is rewound at its next check, as alone;
+    the other rows keep their exact logits and their step."""
+    p = mix_graph(tmp_path, _token_index)
+    assert p.batching.problem is None
+    a, b, c = p.session(), p.session(), p.session()
+    got = p.step_batch([(a, [[1, 2]], range(2)), (b, [[3, 12]], range(2)), (c, [[5]], [0])])
+    for out, toks in zip(got, ([[1, 2]], None, [[5]])):
+        if toks is None:
+            assert np.isnan(np.array(out)).all()
+        else:
+            _same(out, p.session().step(toks, range(len(toks[0]))), 1e-6)
+    for s in (a, c):
+        s.check()
+    with pytest.raises(mlxgraph.GraphRuntimeError, match="outside its table"):
+        b.check()
+    assert (a.length, b.length, c.length) == (2, 0, 1)
