@@ -44,7 +44,8 @@ def demo(tmp_path_factory):
     """A scratch folder holding what `make demo` writes: out/tiny-llama.mlxg."""
     work = tmp_path_factory.mktemp("docs")
     (work / "out").mkdir()
-    shutil.copy(exported_tiny_llama(tmp_path_factory)["float32"], work / "out" / "tiny-llama.mlxg")
+    graph = exported_tiny_llama(tmp_path_factory, ("float32",))["float32"]
+    shutil.copy(graph, work / "out" / "tiny-llama.mlxg")
     return work
 
 

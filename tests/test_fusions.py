@@ -143,8 +143,8 @@ _FAST = ("tiny-llama", "tiny-gemma3")  # the others run with -m slow
     "name", [n if n in _FAST else pytest.param(n, marks=pytest.mark.slow) for n in BUILTINS]
 )
 def test_builtin_export_op_histogram(name, tmp_path_factory):
-    if name == "tiny-llama":  # exported once per session for several test modules
-        path = exported_tiny_llama(tmp_path_factory)["float32"]
+    if name == "tiny-llama":  # exported once per run for several test modules
+        path = exported_tiny_llama(tmp_path_factory, ("float32",))["float32"]
     else:
         path = tmp_path_factory.mktemp(name) / f"{name}.mlxg"
         export(name, path, max_seq_len=64)

@@ -6,15 +6,11 @@ of the built-in tiny-llama for the full path export -> graph -> `mlxgraph genera
 """
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import TORCH_CHILD_ENV
+from tool_helpers import exported_tiny_llama
 from tool_helpers import generate_cli as _cli
 from tool_helpers import synthetic_graph as _graph
 
@@ -23,7 +19,6 @@ from mlxgraph.schema.format import format_version
 from mlxgraph.tools.generation import GenerationStats, generate
 from mlxgraph.tools.sampling import Sampler
 
-PY = sys.executable
 PROMPT = [1, 7, 42, 99, 5, 200]
 
 
@@ -203,32 +198,20 @@ def test_cli_bad_blas_env_exits_2(synthetic):
 
 
 # ---------------------------------------------------------------------------- tiny-llama end to end
-_EXPORT_AND_REFERENCE = """
-import json, sys, torch
-from mlxgraph.exporter import export
-from mlxgraph.exporter.builtins import builtin_model
-export("tiny-llama", sys.argv[1], dtype="float32")
-model = builtin_model("tiny-llama").float()
-ids = torch.tensor([[2] + list("Once upon a time".encode())])
-with torch.inference_mode():
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=int(sys.argv[2]),
-                         do_sample=False, eos_token_id=3, pad_token_id=0)
-print(json.dumps(out[0, ids.shape[1]:].tolist()))
-"""
-
-
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny") / "tiny-llama.mlxg"
-    proc = subprocess.run(
-        [PY, "-c", textwrap.dedent(_EXPORT_AND_REFERENCE), str(path), "24"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", **TORCH_CHILD_ENV},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return path, json.loads(proc.stdout.strip().splitlines()[-1])
+    """(graph, transformers' greedy ids): the run's shared export and its model's decoding."""
+    import torch
+
+    from mlxgraph.exporter.builtins import builtin_model
+
+    path = exported_tiny_llama(tmp_path_factory, ("float32",))["float32"]
+    model = builtin_model("tiny-llama").float()
+    ids = torch.tensor([[2] + list(b"Once upon a time")])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24,
+                             do_sample=False, eos_token_id=3, pad_token_id=0)
+    return path, out[0, ids.shape[1]:].tolist()
 
 
 def test_tiny_llama_matches_transformers_greedy(tiny_llama):

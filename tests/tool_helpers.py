@@ -2,8 +2,6 @@
 
 from mlxgraph.tools.cli import main
 
-_EXPORTS = {}
-
 
 def run_cli(capsys, *argv):
     """Run ``mlxgraph ARGV`` in this process; returns (exit code, stdout, stderr)."""
@@ -12,21 +10,23 @@ def run_cli(capsys, *argv):
     return code, out, err
 
 
-def exported_tiny_llama(tmp_path_factory) -> dict:
-    """{'float32': path, 'float16': path}: the built-in tiny-llama exported in each dtype.
+def exported_tiny_llama(tmp_path_factory, dtypes=("float32", "float16")) -> dict:
+    """{dtype: path}: the built-in tiny-llama exported in each of ``dtypes``.
 
-    Exported once per test session (several test modules compare the two), into a
-    session temporary folder; callers must not modify the files.
+    Exported once per test run (several test modules use it, on any xdist worker), into the
+    run's shared temporary folder; callers must not modify the files.
     """
-    if not _EXPORTS:
+    from run_cache import build_once
+
+    def build(dtype):
         from mlxgraph.exporter import export
 
-        folder = tmp_path_factory.mktemp("exported-tiny-llama")
-        for dtype in ("float32", "float16"):
-            path = folder / f"tiny-llama-{dtype}.mlxg"
-            export("tiny-llama", str(path), dtype=dtype)
-            _EXPORTS[dtype] = path
-    return dict(_EXPORTS)
+        return lambda path: export("tiny-llama", str(path), dtype=dtype)
+
+    return {
+        dtype: build_once(tmp_path_factory, f"tiny-llama-{dtype}.mlxg", build(dtype))
+        for dtype in dtypes
+    }
 
 
 def synthetic_graph(path, eos=(255,), tokenizer="byte", vocab=256, files=None):
