@@ -38,10 +38,11 @@ demo: $(STAMP)
 	$(VENV)/bin/mlxgraph generate $(OUT)/tiny-code.mlxg --prompt "def fibonacci(n):" $(DEMO_SAMPLING)
 
 # One worker per CPU (pytest-xdist); a module's tests stay together so its fixtures (exports,
-# models) are built once. TEST_WORKERS=0 runs everything in this process.
+# models) are built once; the longest modules go out first (tests/conftest.py, LONGEST_FIRST).
+# TEST_WORKERS=0 runs everything in this process.
 TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

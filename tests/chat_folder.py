@@ -1,8 +1,9 @@
 """A local Hugging Face chat model folder, its transformers references, and its export.
 
-    python tests/chat_folder.py FOLDER GRAPH  ->  prints one JSON line of references
+    build(folder, graph) -> references     (python tests/chat_folder.py FOLDER GRAPH prints
+                                            them as one JSON line)
 
-Run as a subprocess (torch and transformers stay out of the test process). The folder
+The folder
 holds a tiny seeded-random Llama, a byte-level BPE tokenizer trained here with the
 ``tokenizers`` library (specials, ``add_bos_token`` only in tokenizer_config.json, a
 ChatML-style chat template that starts with the BOS token), and a generation_config.json
@@ -150,16 +151,29 @@ def chat_reference(tok, model) -> list:
     return turns
 
 
-def main() -> int:
-    folder, graph = Path(sys.argv[1]), Path(sys.argv[2])
-    write_folder(folder)
-    refs = references(folder)
+def build(folder: Path, graph: Path) -> dict:
+    """Write the folder, compute its references, export it with `mlxgraph export`.
+
+    torch's global random state is left as it was (the weights are drawn from seed 0).
+
+    Raises:
+        RuntimeError: the export command failed (its exit code).
+    """
+    import torch
+
     from mlxgraph.tools.cli import main as cli
 
+    with torch.random.fork_rng():
+        write_folder(folder)
+    refs = references(folder)
     code = cli(["export", str(folder), "-o", str(graph), "--json"])
     if code:
-        return code
-    print(json.dumps(refs))
+        raise RuntimeError(f"mlxgraph export {folder} exited {code}")
+    return refs
+
+
+def main() -> int:
+    print(json.dumps(build(Path(sys.argv[1]), Path(sys.argv[2]))))
     return 0
 
 

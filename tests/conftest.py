@@ -93,3 +93,40 @@ def hf_folder(tmp_path_factory):
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True}))
     return folder
+
+
+# The longest modules (CPU seconds of `make test`, measured with --durations), longest first.
+# `make test` hands whole modules to the xdist workers as they free up (--dist loadscope, in
+# collection order: --no-loadscope-reorder): a long module handed out last would keep one
+# worker busy while the other idles, so these go out first and the short ones fill in.
+# Modules sharing a run-wide export (tests/run_cache.py) are spread apart, so one worker
+# rarely waits for the other to finish building it.
+LONGEST_FIRST = (
+    "test_exporter_parity.py",
+    "test_export_checks.py",
+    "test_docs.py",
+    "test_export_reproducible.py",
+    "test_exporter_cli.py",
+    "test_kv_cache.py",
+    "test_chat.py",
+    "test_pipeline.py",
+    "test_diff.py",
+    "test_exporter_lowering.py",
+    "test_exporter_moe.py",
+    "test_fuzz_verifier.py",
+    "test_fusions.py",
+    "test_first_hour.py",
+    "test_quantized.py",
+    "test_exporter_attention_features.py",
+    "test_generate.py",
+    "test_tiny_code.py",
+    "test_exporter_op.py",
+    "test_serve_limits.py",
+    "test_file_safety.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    """Run LONGEST_FIRST's modules first, in its order (the rest keep collection order)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

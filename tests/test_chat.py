@@ -1,7 +1,7 @@
 """Text in, text out on a real Hugging Face folder: chat template, BOS, EOS list, the embedded
 tokenizer, stop strings, and chat sessions; transformers is the oracle.
 
-The folder (tests/chat_folder.py, built and exported in a subprocess) has a tokenizer
+The folder (tests/chat_folder.py, built and exported once per module) has a tokenizer
 trained here, a chat template and a generation_config whose EOS list holds a token the
 greedy decoding reaches: transformers stops there, and so must mlxgraph.
 """
@@ -12,34 +12,25 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import TORCH_CHILD_ENV
 from tool_helpers import run_cli
 
 import mlxgraph
 from mlxgraph.tools.chat_session import ChatSession
 
 PY = sys.executable
-HERE = Path(__file__).resolve().parent
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory):
     """(folder, graph, references) of the exported chat folder."""
+    import chat_folder
+
     root = tmp_path_factory.mktemp("chat")
     folder, graph = root / "hf-chat", root / "chat.mlxg"
-    proc = subprocess.run(
-        [PY, str(HERE / "chat_folder.py"), str(folder), str(graph)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**ENV, **TORCH_CHILD_ENV},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return folder, graph, json.loads(proc.stdout.strip().splitlines()[-1])
+    return folder, graph, chat_folder.build(folder, graph)
 
 
 def _generate(graph, *args, cwd=None):
