@@ -48,6 +48,7 @@ def mlx_primitives() -> list:
     return [Extension(
         f"mlxgraph.interpreter._{name}",
         sources=[f"interpreter/native/{name}.cpp", str(nb / "src" / "nb_combined.cpp")],
+        depends=["interpreter/native/simd_name.h"],
         include_dirs=[str(mlx_include), str(nb / "include"),
                       str(nb / "ext" / "robin_map" / "include")],
         # MLX's Python module binds its arrays in the nanobind domain "mlx": the kernel's

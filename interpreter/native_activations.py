@@ -7,13 +7,12 @@ vector registers. It is used for float32 arrays on the CPU; any other dtype or d
 ``MLXGRAPH_NATIVE_ACTIVATIONS=0``, takes MLX's ``mx.sigmoid``.
 """
 
-import ctypes
-import importlib
 import os
 from functools import cache
-from pathlib import Path
 
 import mlx.core as mx
+
+from mlxgraph.interpreter.mlx_extension import import_mlx_extension
 
 SWITCH_ENV = "MLXGRAPH_NATIVE_ACTIVATIONS"  # 0/off: MLX's own sigmoid everywhere
 _OFF = ("0", "off", "no", "false", "mlx")
@@ -24,17 +23,7 @@ def native_module():
     """The loaded extension module, or None (not built, switched off, or it fails to load)."""
     if os.environ.get(SWITCH_ENV, "1").strip().lower() in _OFF:
         return None
-    name = "mlxgraph.interpreter._activations"
-    if importlib.util.find_spec(name) is None:
-        return None
-    libmlx = Path(mx.__file__).parent / "lib" / "libmlx.so"
-    try:
-        if libmlx.is_file():
-            # The extension's MLX symbols resolve against the libmlx mlx.core loaded.
-            ctypes.CDLL(str(libmlx), mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
-        return importlib.import_module(name)
-    except (OSError, ImportError):
-        return None
+    return import_mlx_extension("_activations")[0]
 
 
 def describe() -> str:

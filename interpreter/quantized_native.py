@@ -7,14 +7,13 @@ first. Without a compiler, or with ``MLXGRAPH_QUANTIZED_KERNEL=mlx``, QuantizedL
 on ``mx.quantized_matmul`` and the stats say so.
 """
 
-import ctypes
-import importlib
 import os
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import mlx.core as mx
+
+from mlxgraph.interpreter.mlx_extension import import_mlx_extension
 
 KERNEL_ENV = "MLXGRAPH_QUANTIZED_KERNEL"    # "mlx": never use the native kernel
 THREADS_ENV = "MLXGRAPH_QUANTIZED_THREADS"  # threads of the native kernel (default: 2 at most)
@@ -57,17 +56,9 @@ def native_kernel() -> NativeKernel:
     """The native kernel (loaded once per process), or why it is not used."""
     if os.environ.get(KERNEL_ENV, "").strip().lower() == "mlx":
         return _absent(f"{KERNEL_ENV}=mlx")
-    name = "mlxgraph.interpreter._quantized_matvec"
-    if importlib.util.find_spec(name) is None:
-        return _absent("the native kernel was not built at install")
-    libmlx = Path(mx.__file__).parent / "lib" / "libmlx.so"
-    try:
-        if libmlx.is_file():
-            # The extension's MLX symbols resolve against the libmlx mlx.core loaded.
-            ctypes.CDLL(str(libmlx), mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
-        module = importlib.import_module(name)
-    except (OSError, ImportError) as e:
-        return _absent(f"the native kernel does not load: {e}")
+    module, reason = import_mlx_extension("_quantized_matvec")
+    if module is None:
+        return _absent(reason)
     try:
         threads = int(os.environ.get(THREADS_ENV, "") or min(2, os.cpu_count() or 1))
     except ValueError:

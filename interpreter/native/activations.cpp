@@ -26,6 +26,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "simd_name.h"
 
 namespace mx = mlx::core;
 namespace nb = nanobind;
@@ -143,19 +144,6 @@ mx::array activation(const mx::array& x_in, bool silu) {
   return mx::array(x.shape(), mx::float32, std::make_shared<Activation>(s, silu), {x});
 }
 
-std::string simd() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("x86-64-v4")) return "avx512 (x86-64-v4)";
-  if (__builtin_cpu_supports("x86-64-v3")) return "avx2+fma (x86-64-v3)";
-  return "baseline";
-#elif defined(__aarch64__)
-  return "neon";
-#else
-  return "baseline";
-#endif
-}
-
 }  // namespace
 
 NB_MODULE(_activations, m) {
@@ -164,5 +152,5 @@ NB_MODULE(_activations, m) {
         "sigmoid(x) for float32 x (lazy MLX array).");
   m.def("silu", [](const mx::array& x) { return activation(x, true); }, nb::arg("x"),
         "x * sigmoid(x) for float32 x (lazy MLX array).");
-  m.def("simd", &simd, "The instruction set the kernel's dispatch picks on this CPU.");
+  m.def("simd", &simd_name, "The instruction set the kernel's dispatch picks on this CPU.");
 }

@@ -29,6 +29,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "simd_name.h"
 
 namespace mx = mlx::core;
 namespace nb = nanobind;
@@ -285,19 +286,6 @@ mx::array quantized_matvec(const mx::array& x_in, const mx::array& w, const mx::
                     mx::contiguous(biases, false, s)});
 }
 
-std::string simd() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("x86-64-v4")) return "avx512 (x86-64-v4)";
-  if (__builtin_cpu_supports("x86-64-v3")) return "avx2+fma (x86-64-v3)";
-  return "baseline";
-#elif defined(__aarch64__)
-  return "neon";
-#else
-  return "baseline";
-#endif
-}
-
 }  // namespace
 
 NB_MODULE(_quantized_matvec, m) {
@@ -305,7 +293,7 @@ NB_MODULE(_quantized_matvec, m) {
   m.def("quantized_matvec", &quantized_matvec, nb::arg("x"), nb::arg("w"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
         "x @ dequantize(w).T for float32 x of at most 4 rows (lazy MLX array).");
-  m.def("simd", &simd, "The instruction set the kernel's dispatch picks on this CPU.");
+  m.def("simd", &simd_name, "The instruction set the kernel's dispatch picks on this CPU.");
   m.def("set_threads", [](int n) { g_threads = n < 1 ? 1 : n; }, nb::arg("threads"));
   m.def("threads", [] { return g_threads.load(); });
   m.attr("MAX_ROWS") = MAX_ROWS;

@@ -1,0 +1,18 @@
+// The instruction set a GCC target-clones dispatch picks on this CPU, for the stats line
+// (quantized_matvec.cpp and activations.cpp clone their kernels for x86-64-v4/v3/default).
+#pragma once
+
+#include <string>
+
+inline std::string simd_name() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("x86-64-v4")) return "avx512 (x86-64-v4)";
+  if (__builtin_cpu_supports("x86-64-v3")) return "avx2+fma (x86-64-v3)";
+  return "baseline";
+#elif defined(__aarch64__)
+  return "neon";
+#else
+  return "baseline";
+#endif
+}
