@@ -1,30 +1,39 @@
-"""Quantized weights on the CPU: matrix-vector kernels; float32, q8 and q4 graphs side by side.
+"""Quantized weights on the CPU: matrix-vector kernels; float32, q8 and q4 graphs side by side
+with llama.cpp's float32, q8_0 and q4_0 files of the same model.
 
-    python benchmarks/quantized_bench.py [--model tiny-code] [--prompt 128] [--decode 64] [--json]
+    python benchmarks/quantized_bench.py [--models tiny-code,small] [--prompt 128]
+        [--decode 64] [--runs 3] [--json]
 
 Part 1, the issue's product (W 1024 x 2816, one row of x): float32 through the preloaded
 BLAS (the router's sgemv), MLX's ``mx.quantized_matmul`` and mlxgraph's native kernel at
 q8 and q4 (group 64; 1 and 2 threads); best-of-5 ms per product and each one's ratio to
 float32.
 
-Part 2, the model exported as float32, q8 and q4 (group 64): file size (and its ratio to
-float32), prefill tok/s of a ``--prompt``-token prompt and greedy decode tok/s over
-``--decode`` steps, for the quantized graphs once with the native kernel and once with
-MLX's op (``MLXGRAPH_QUANTIZED_KERNEL=mlx``); every run in its own process with the BLAS
-preloaded. "tokens equal" says whether the native kernel's greedy tokens equal those of
-the same graph on MLX's own op (the dequantized reference). llama.cpp is not measured here.
+Part 2, per model: ``tiny-code`` (the trained built-in) and ``small`` (the generate
+benchmark's ~156M Llama, seeded random weights, tiny-code's tokenizer added so llama.cpp's
+converter takes the folder). The folder is exported as float32, q8 and q4 graphs and
+converted by llama.cpp's tools to float32, q8_0 and q4_0 GGUF files
+(benchmarks/llama_cpp_gguf.py; ``make bench`` installs llama-cpp-python and unpacks its
+converter; without them the llama.cpp rows are skipped and say why). Every engine runs in
+its own process (benchmarks/engines/): a ``--prompt``-token prompt, then ``--decode``
+greedy tokens, best of ``--runs``; printed are file size (and its ratio to the same
+engine's float32 file), prefill and decode tok/s, decode against llama.cpp at the same
+bit width, and peak memory. The acceptance check: the native kernel's greedy tokens equal
+those of the same graph on MLX's own op (``MLXGRAPH_QUANTIZED_KERNEL=mlx``: the dequantized
+weight in float32); the script exits 1 otherwise.
 """
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROWS, COLS, GROUP = 1024, 2816, 64
+W_ROWS, COLS, GROUP = 1024, 2816, 64
 
 
 def _best_ms(fn, mx, repeats=5, inner=20) -> float:
@@ -48,7 +57,7 @@ def matvec_worker() -> dict:
     from mlxgraph.interpreter.quantized_native import native_kernel
 
     native = native_kernel()
-    w = mx.random.normal((ROWS, COLS), key=mx.random.key(0)) * 0.02
+    w = mx.random.normal((W_ROWS, COLS), key=mx.random.key(0)) * 0.02
     x = mx.random.normal((1, COLS), key=mx.random.key(1))
     mx.eval(w, x)
     rows = {"float32 (BLAS)": _best_ms(lambda: x @ w.T, mx)}
@@ -69,101 +78,154 @@ def matvec_worker() -> dict:
     return {"native": native.describe(), "ms": rows}
 
 
-def model_worker(graph: str, prompt: int, decode: int) -> dict:
-    """Child process: prefill and greedy decode of one graph."""
-    from mlxgraph.interpreter.blas import preload_blas
-
-    preload_blas()
-    import mlx.core as mx
-    import numpy as np
-
-    import mlxgraph
-
-    program = mlxgraph.load(graph)
-    ids = np.random.default_rng(0).integers(3, program.metadata.vocab_size, prompt)
-    session = program.session(capacity=prompt + decode + 1)
-    t0 = time.perf_counter()
-    logits = session.step(ids[None].astype(np.int32), range(prompt))
-    token = int(mx.argmax(logits[0, -1]).item())
-    prefill = time.perf_counter() - t0
-    tokens, t0 = [token], time.perf_counter()
-    for i in range(decode):
-        logits = session.step(np.array([[tokens[-1]]], np.int32), [prompt + i])
-        tokens.append(int(mx.argmax(logits[0, -1]).item()))
-    return {"prefill_tps": prompt / prefill, "decode_tps": decode / (time.perf_counter() - t0),
-            "tokens": tokens, "peak_memory_bytes": int(mx.get_peak_memory())}
+ENGINES = Path(__file__).resolve().parent / "engines"
+# (row name, graph mode or GGUF type, engine script, environment); llama.cpp rows last.
+ROWS = [
+    ("mlxgraph float32", "float32", "mlxgraph_engine.py", {}),
+    ("mlxgraph q8", "q8", "mlxgraph_engine.py", {}),
+    ("mlxgraph q4", "q4", "mlxgraph_engine.py", {}),
+    ("llama.cpp f32", "f32", "llama_cpp_engine.py", {}),
+    ("llama.cpp q8_0", "q8_0", "llama_cpp_engine.py", {}),
+    ("llama.cpp q4_0", "q4_0", "llama_cpp_engine.py", {}),
+]
+# The reference of each quantized graph: MLX's own op on the same file.
+REFERENCE_ENV = {"MLXGRAPH_QUANTIZED_KERNEL": "mlx"}
+PEER = {"float32": "f32", "q8": "q8_0", "q4": "q4_0"}
 
 
-def _child(args: list, env=None) -> dict:
-    done = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
-                          check=True, env={**os.environ, **(env or {})})
+def model_folder(name: str, workdir: Path) -> Path:
+    """The Hugging Face folder of ``name``: tiny-code's own, or the small Llama built once
+    in ``workdir`` with tiny-code's tokenizer (llama.cpp's converter needs one)."""
+    from mlxgraph.exporter.builtins import TRAINED_BUILTINS
+
+    if name in TRAINED_BUILTINS:
+        return TRAINED_BUILTINS[name]
+    from generate_figures import COMMON, SIZES
+
+    folder = workdir / f"hf-{name}"
+    subprocess.run([sys.executable, str(ENGINES / "make_hf_folder.py"), str(folder),
+                    "--config", json.dumps({**SIZES[name], **COMMON})], check=True)
+    for file in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TRAINED_BUILTINS["tiny-code"] / file, folder / file)
+    return folder
+
+
+def run_engine(script: str, model: Path, prompt: list, args, env: dict, runs: int) -> dict:
+    """One engine process; its result document."""
+    cmd = [sys.executable, str(ENGINES / script), "--model", str(model), "--prompt-ids",
+           ",".join(map(str, prompt)), "--new-tokens", str(args.decode), "--runs", str(runs)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout[-2000:] + done.stderr[-4000:])
+        raise SystemExit(f"quantized_bench: {script} on {model.name} failed")
+    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+def bench_model(name: str, args, workdir: Path) -> dict:
+    """Export, convert and run every row for one model."""
+    import random
+
+    from llama_cpp_gguf import convert, missing
+
+    from mlxgraph.exporter import export
+    from mlxgraph.exporter.quantize import QuantizeRecipe
+
+    folder = model_folder(name, workdir)
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    rng = random.Random(1234)
+    prompt = [rng.randrange(3, vocab) for _ in range(args.prompt)]
+    files = {}
+    for mode in ("float32", "q8", "q4"):
+        files[mode] = workdir / f"{name}-{mode}.mlxg"
+        recipe = None if mode == "float32" else QuantizeRecipe(mode)
+        export(str(folder), files[mode], quantize=recipe,
+               max_seq_len=args.prompt + args.decode + 8)
+    llama_missing = missing()
+    if not llama_missing:
+        files.update(convert(folder, workdir / "gguf"))
+    rows = []
+    for row, kind, script, env in ROWS:
+        if kind not in files:
+            continue
+        r = run_engine(script, files[kind], prompt, args, env, args.runs)
+        r.update(name=row, kind=kind, file_bytes=files[kind].stat().st_size)
+        if kind in ("q8", "q4"):
+            ref = run_engine(script, files[kind], prompt, args, REFERENCE_ENV, 1)
+            r["tokens_equal_mlx_op"] = r["tokens"] == ref["tokens"]
+        rows.append(r)
+    by_kind = {r["kind"]: r for r in rows}
+    for r in rows:
+        f32 = by_kind["float32" if r["engine"] == "mlxgraph" else "f32"]
+        r["size_ratio"] = r["file_bytes"] / f32["file_bytes"]
+        peer = by_kind.get(PEER.get(r["kind"], ""))
+        r["decode_vs_llama_cpp"] = peer and r["decode_tps"] / peer["decode_tps"]
+        r["prefill_vs_llama_cpp"] = peer and r["prefill_tps"] / peer["prefill_tps"]
+    return {"model": name, "prompt": args.prompt, "decode": args.decode, "rows": rows,
+            "llama_cpp": llama_missing or "measured"}
+
+
+def _matvec_child() -> dict:
+    done = subprocess.run([sys.executable, __file__, "--matvec-worker"], capture_output=True,
+                          text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def measure(args) -> dict:
-    """Both parts; the graphs are exported into a temporary folder."""
-    from mlxgraph.exporter import export
-    from mlxgraph.exporter.quantize import QuantizeRecipe
-
-    doc = {"matvec": _child(["--matvec-worker"]), "model": args.model, "runs": []}
+    """Both parts; graphs and GGUF files go to a temporary folder."""
+    doc = {"matvec": _matvec_child(), "models": []}
     with tempfile.TemporaryDirectory() as tmp:
-        sizes = {}
-        for mode in ("float32", "q8", "q4"):
-            path = Path(tmp) / f"{mode}.mlxg"
-            recipe = None if mode == "float32" else QuantizeRecipe(mode, GROUP)
-            sizes[mode] = export(args.model, path, quantize=recipe)["file_bytes"]
-            kernels = ["-"] if recipe is None else ["native", "mlx"]
-            for kernel in kernels:
-                env = {"MLXGRAPH_QUANTIZED_KERNEL": kernel} if kernel == "mlx" else {}
-                run = _child(["--model-worker", str(path), str(args.prompt), str(args.decode)], env)
-                doc["runs"].append({"graph": mode, "kernel": kernel, "file_bytes": sizes[mode],
-                                    "size_ratio": sizes[mode] / sizes["float32"], **run})
-    by = {(r["graph"], r["kernel"]): r for r in doc["runs"]}
-    for r in doc["runs"]:
-        r["decode_ratio_to_float32"] = r["decode_tps"] / by[("float32", "-")]["decode_tps"]
-        if r["kernel"] == "native":
-            r["tokens_equal_mlx_op"] = r["tokens"] == by[(r["graph"], "mlx")]["tokens"]
+        for name in args.models.split(","):
+            doc["models"].append(bench_model(name, args, Path(tmp)))
     return doc
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:8.1f}MB"
 
 
 def print_table(doc: dict) -> None:
     """Both parts as tables."""
     m = doc["matvec"]
-    print(f"W {ROWS} x {COLS}, one row, group {GROUP}; quantized kernel: {m['native']}")
+    print(f"W {W_ROWS} x {COLS}, one row, group {GROUP}; quantized kernel: {m['native']}")
     f32 = m["ms"]["float32 (BLAS)"]
     for name, ms in m["ms"].items():
         print(f"  {name:32s} {ms:8.3f} ms   {f32 / ms:5.2f}x float32")
-    print(f"\n{doc['model']}: prefill and greedy decode (tokens equal: native vs MLX's op)")
-    print(f"{'graph':8s} {'kernel':7s} {'file':>10s} {'size':>6s} {'prefill':>9s} {'decode':>9s} "
-          f"{'vs f32':>7s} {'tokens equal':>12s}")
-    for r in doc["runs"]:
-        same = {True: "yes", False: "NO", None: "-"}[r.get("tokens_equal_mlx_op")]
-        print(f"{r['graph']:8s} {r['kernel']:7s} {r['file_bytes'] / 2**20:8.1f}MB "
-              f"{r['size_ratio']:6.3f} {r['prefill_tps']:9.0f} {r['decode_tps']:9.1f} "
-              f"{r['decode_ratio_to_float32']:6.2f}x {same:>12s}")
+    for model in doc["models"]:
+        print(f"\n{model['model']}: {model['prompt']}-token prompt, {model['decode']} greedy "
+              f"tokens (llama.cpp: {model['llama_cpp']})")
+        print(f"{'engine':17s} {'file':>10s} {'size':>6s} {'prefill':>8s} {'decode':>8s} "
+              f"{'decode/llama.cpp':>16s} {'prefill/l.cpp':>13s} {'peak RSS':>10s} "
+              f"{'= MLX op':>8s}")
+        for r in model["rows"]:
+            same = {True: "yes", False: "NO", None: "-"}[r.get("tokens_equal_mlx_op")]
+            vs = f"{r['decode_vs_llama_cpp']:.2f}x" if r["decode_vs_llama_cpp"] else "-"
+            pvs = f"{r['prefill_vs_llama_cpp']:.2f}x" if r["prefill_vs_llama_cpp"] else "-"
+            print(f"{r['name']:17s} {_mb(r['file_bytes'])} {r['size_ratio']:6.3f} "
+                  f"{r['prefill_tps']:8.0f} {r['decode_tps']:8.1f} {vs:>16s} {pvs:>13s} "
+                  f"{_mb(r['peak_rss_bytes'])} {same:>8s}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny-code", help="a built-in name or model folder")
+    ap.add_argument("--models", default="tiny-code,small",
+                    help="comma-separated: tiny-code and/or small")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--runs", type=int, default=3, help="measured runs per engine (best counts)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--matvec-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--model-worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.matvec_worker:
         print(json.dumps(matvec_worker()))
         return 0
-    if args.model_worker:
-        graph, prompt, decode = args.model_worker
-        print(json.dumps(model_worker(graph, int(prompt), int(decode))))
-        return 0
     doc = measure(args)
-    print(json.dumps(doc, indent=1) if args.json else "", end="")
-    if not args.json:
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
         print_table(doc)
-    same = [r["tokens_equal_mlx_op"] for r in doc["runs"] if "tokens_equal_mlx_op" in r]
+    same = [r["tokens_equal_mlx_op"] for m in doc["models"] for r in m["rows"]
+            if "tokens_equal_mlx_op" in r]
     return 0 if all(same) else 1
 
 

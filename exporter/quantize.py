@@ -22,6 +22,10 @@ from mlxgraph.schema.records import NodeRecord
 MODES = {"q8": 8, "q4": 4}
 GROUP_SIZES = (32, 64, 128)
 DEFAULT_GROUP_SIZE = 64
+SCALE_DTYPES = ("float16", "float32")
+# A float16 scale below this is subnormal (fewer significant bits); the weight then keeps
+# float32 scales and biases, as it does when a value would overflow float16.
+_FLOAT16_NORMAL, _FLOAT16_MAX = 2.0**-14, 65504.0
 # The module path of the output projection in a *ForCausalLM (the adapter strips "model.").
 LM_HEAD = "lm_head"
 
@@ -36,6 +40,11 @@ class QuantizeRecipe:
         embedding: the token embedding's precision: 'q8', 'q4', 'float' or None (= mode).
         lm_head: the output projection's precision, likewise.
         exclude: module-path patterns (fnmatch, e.g. 'layers.0.*') kept in float.
+        scales: the dtype of a float32 weight's scales and biases: 'float16' (the default:
+            a q4 weight then takes 4.5 bits per value instead of 5, the size of llama.cpp's
+            q4_0) or 'float32'. A weight whose scales float16 cannot hold (overflow, or a
+            non-zero scale below float16's normal range) keeps float32. Weights of a
+            float16 or bfloat16 graph keep their own dtype.
     """
 
     mode: str
@@ -43,6 +52,7 @@ class QuantizeRecipe:
     embedding: str | None = None
     lm_head: str | None = None
     exclude: tuple = field(default_factory=tuple)
+    scales: str = "float16"
 
     def check(self) -> None:
         """Raises ExportError naming the option when a value is out of its domain."""
@@ -53,6 +63,9 @@ class QuantizeRecipe:
                 f"group size {self.group_size} is not one of {', '.join(map(str, GROUP_SIZES))}",
                 "group_size",
             )
+        if self.scales not in SCALE_DTYPES:
+            raise ExportError(f"scales dtype {self.scales!r}: choose float16 or float32",
+                              "quantize_scales")
         for name in ("embedding", "lm_head"):
             value = getattr(self, name)
             if value is not None and value not in (*MODES, "float"):
@@ -71,11 +84,28 @@ class QuantizeRecipe:
         return self.mode
 
 
-def quantize_weight(w: torch.Tensor, bits: int, group_size: int):
+def _groups(w: torch.Tensor, group_size: int):
+    """(w as float32 [N, K/g, g], each group's min, each group's max)."""
+    groups = w.detach().to(torch.float32).reshape(w.shape[0], -1, group_size)
+    return groups, groups.amin(-1), groups.amax(-1)
+
+
+def _fits_float16(w: torch.Tensor, bits: int, group_size: int) -> bool:
+    """Whether float16 holds w's scales and biases to its full precision."""
+    _, biases, hi = _groups(w, group_size)
+    scales = (hi - biases) / (2**bits - 1)
+    nonzero = scales[scales != 0]
+    return bool(torch.isfinite(scales).all() and torch.isfinite(biases).all()
+                and scales.abs().max() <= _FLOAT16_MAX and biases.abs().max() <= _FLOAT16_MAX
+                and (nonzero.numel() == 0 or nonzero.abs().min() >= _FLOAT16_NORMAL))
+
+
+def quantize_weight(w: torch.Tensor, bits: int, group_size: int, scales_dtype=None):
     """(packed uint32 [N, K*bits/32], scales [N, K/g], biases [N, K/g]) of a [N, K] weight.
 
-    Scales and biases keep w's dtype; codes are computed against the rounded scale and
-    bias, so the dequantized weight is the nearest the stored parameters can express.
+    Scales and biases take ``scales_dtype`` (default: w's dtype); codes are computed against
+    the rounded scale and bias, so the dequantized weight is the nearest the stored
+    parameters can express.
 
     Raises:
         ValueError: w is not 2-D, or K is not a multiple of group_size.
@@ -85,10 +115,9 @@ def quantize_weight(w: torch.Tensor, bits: int, group_size: int):
                          f"{group_size}")
     rows, cols = w.shape
     levels = 2**bits - 1
-    groups = w.detach().to(torch.float32).reshape(rows, cols // group_size, group_size)
-    lo, hi = groups.amin(-1), groups.amax(-1)
-    scales = ((hi - lo) / levels).to(w.dtype)
-    biases = lo.to(w.dtype)
+    groups, lo, hi = _groups(w, group_size)
+    scales = ((hi - lo) / levels).to(scales_dtype or w.dtype)
+    biases = lo.to(scales_dtype or w.dtype)
     scale32, bias32 = scales.to(torch.float32), biases.to(torch.float32)
     safe = torch.where(scale32 == 0, torch.ones_like(scale32), scale32)
     codes = torch.round((groups - bias32[..., None]) / safe[..., None]).clamp_(0, levels)
@@ -112,6 +141,13 @@ def _as_numpy(t: torch.Tensor):
     return t.contiguous().numpy(), str(t.numpy().dtype)
 
 
+def _scales_dtype(w: torch.Tensor, bits: int, recipe: QuantizeRecipe):
+    """The dtype of w's scales and biases under ``recipe`` (see QuantizeRecipe.scales)."""
+    if w.dtype != torch.float32 or recipe.scales == "float32":
+        return w.dtype
+    return torch.float16 if _fits_float16(w, bits, recipe.group_size) else torch.float32
+
+
 def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
     """Rewrite ``writer``'s Linear and Embedding nodes of constant float weights in place.
 
@@ -127,6 +163,7 @@ def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
     constants = {slot: data for slot, data, _ in writer.constants}
     quantized, kept = {}, []
     counts = {"q8": 0, "q4": 0, "float": 0}
+    scale_counts = {"float16": 0, "float32": 0}
     for i, node in enumerate(writer.nodes):
         if node.op not in ("LinearNode", "EmbeddingNode"):
             continue
@@ -147,7 +184,10 @@ def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
         key = (slot, bits)
         if key not in quantized:
             w = _as_torch(constants[slot], dtype_info(code).name)
-            packed, scales, biases = quantize_weight(w, bits, recipe.group_size)
+            packed, scales, biases = quantize_weight(w, bits, recipe.group_size,
+                                                     _scales_dtype(w, bits, recipe))
+            if w.dtype == torch.float32:
+                scale_counts[str(scales.dtype).removeprefix("torch.")] += 1
             quantized[key] = (
                 writer.add_constant(f"{name}.q{bits}", packed, "uint32"),
                 writer.add_constant(f"{name}.scales{bits}", *_as_numpy(scales)),
@@ -166,10 +206,12 @@ def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
         "exclude": list(recipe.exclude),
         "nodes": counts,
         "kept_float": kept,
+        "scales": recipe.scales,
+        "scales_dtypes": scale_counts,
     }
     writer.metadata.extra["quantization"] = json.dumps(record, sort_keys=True)
     return record
 
 
 __all__ = ["QuantizeRecipe", "quantize_graph", "quantize_weight", "MODES",
-           "GROUP_SIZES", "DEFAULT_GROUP_SIZE"]
+           "GROUP_SIZES", "DEFAULT_GROUP_SIZE", "SCALE_DTYPES"]

@@ -18,8 +18,11 @@ from mlxgraph.interpreter.mlx_extension import import_mlx_extension
 KERNEL_ENV = "MLXGRAPH_QUANTIZED_KERNEL"    # "mlx": never use the native kernel
 THREADS_ENV = "MLXGRAPH_QUANTIZED_THREADS"  # threads of the native kernel (default: 2 at most)
 # Float32 steps of more rows than this dequantize the weight and take the BLAS matmul
-# (benchmarks/quantized_bench.py: ~10x MLX's CPU quantized_matmul from 8 rows on).
+# (benchmarks/quantized_bench.py: ~10x MLX's CPU quantized_matmul from 8 rows on); the
+# native kernel takes up to its own MAX_ROWS (8) before that.
 PREFILL_ROWS = 4
+# Scales and biases the native kernel reads (a float32 graph's, float16 by default).
+_KERNEL_SCALES = (mx.float32, mx.float16)
 
 
 @dataclass(frozen=True)
@@ -34,8 +37,8 @@ class NativeKernel:
 
     def describe(self) -> str:
         """One line for the stats: which kernel a QuantizedLinear runs on."""
-        longer = (f"float32 steps of > {PREFILL_ROWS} rows: dequantize + BLAS matmul; "
-                  "otherwise mx.quantized_matmul")
+        longer = (f"float32 steps of > {max(PREFILL_ROWS, self.max_rows)} rows: dequantize + "
+                  "BLAS matmul; otherwise mx.quantized_matmul")
         if self.fn is None:
             return f"{longer} ({self.reason})"
         return (f"native matvec ({self.simd}, {self.threads} threads) for float32 steps of "
@@ -69,14 +72,14 @@ def native_kernel() -> NativeKernel:
 
 
 def eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -> bool:
-    """Whether the native kernel computes this product: float32, few rows, a group of
-    whole 8-word vectors (q4: group 64 or 128; q8: any)."""
-    return (kernel.fn is not None and x.dtype == mx.float32 and scales.dtype == mx.float32
+    """Whether the native kernel computes this product: float32 x, float32 or float16
+    scales, few rows, a group of whole 8-word vectors (q4: group 64 or 128; q8: any)."""
+    return (kernel.fn is not None and x.dtype == mx.float32 and scales.dtype in _KERNEL_SCALES
             and x.ndim >= 1 and 1 <= x.size // max(x.shape[-1], 1) <= kernel.max_rows
             and (group_size * bits // 32) % 8 == 0)
 
 
-def prefill_sized(x, scales) -> bool:
+def prefill_sized(x) -> bool:
     """Whether a float32 product has more rows than PREFILL_ROWS (dequantize + matmul)."""
-    return (x.dtype == mx.float32 and scales.dtype == mx.float32 and x.ndim >= 1
+    return (x.dtype == mx.float32 and x.ndim >= 1
             and x.size // max(x.shape[-1], 1) > PREFILL_ROWS)

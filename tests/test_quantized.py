@@ -154,12 +154,38 @@ def test_quantization_recipe_is_recorded_and_applied(quantized_case):
     # No float copy of a quantized weight is left in the file.
     names = {g.tensors[c.tensor].name for c in g.constants}
     assert "model.layers.0.mlp.down_proj.weight" not in names
+    # A float32 graph stores scales and biases as float16 by default.
+    scale_dtypes = {g.tensors[n.fields[f]].dtype for n in g.nodes if n.op.startswith("Quantized")
+                    for f in ("scales", "biases")}
+    assert scale_dtypes == {"float16"} and record["scales"] == "float16"
+    assert record["scales_dtypes"]["float32"] == 0
+
+
+def test_scales_fall_back_to_float32_where_float16_cannot_hold_them():
+    from mlxgraph.exporter.quantize import _scales_dtype
+
+    gen = torch.Generator().manual_seed(0)
+    normal = torch.randn(8, 64, generator=gen) * 0.05
+    tiny = normal * 1e-4    # q8 steps of ~1e-7: float16 subnormals
+    huge = normal + 1e5     # biases past float16's range
+    recipe = QuantizeRecipe("q8")
+    assert _scales_dtype(normal, 8, recipe) == torch.float16
+    assert _scales_dtype(tiny, 8, recipe) == torch.float32
+    assert _scales_dtype(huge, 8, recipe) == torch.float32
+    assert _scales_dtype(normal, 8, QuantizeRecipe("q8", scales="float32")) == torch.float32
+    assert _scales_dtype(normal.half(), 8, recipe) == torch.float16  # a float16 graph's own
+    # Codes are computed against the rounded float16 scale and bias: still within half a
+    # step (of the stored scale) of the original, plus the bias's rounding.
+    packed, scales, biases = quantize_weight(normal, 4, 64, torch.float16)
+    err = np.abs(unpack(packed, scales.float(), biases.float(), 4, 64) - normal.numpy())
+    assert scales.dtype == torch.float16 and err.max() <= scales.float().max() * 0.5 + 1e-4
 
 
 @pytest.mark.parametrize("recipe, option", [
     (QuantizeRecipe("q3"), "quantize"),
     (QuantizeRecipe("q4", 48), "group_size"),
     (QuantizeRecipe("q4", embedding="q2"), "quantize_embedding"),
+    (QuantizeRecipe("q4", scales="bfloat16"), "quantize_scales"),
 ])
 def test_bad_recipes_are_refused_before_loading(tmp_path, recipe, option):
     with pytest.raises(ExportError) as e:

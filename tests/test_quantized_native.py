@@ -18,21 +18,26 @@ NATIVE = native_kernel()
 needs_native = pytest.mark.skipif(NATIVE.fn is None, reason=NATIVE.reason)
 
 
-def case(rows, out_features, in_features, bits, group_size, seed=0):
+def case(rows, out_features, in_features, bits, group_size, seed=0, scales=mx.float32):
+    """(x [1, rows, in], packed w, scales, biases); scales and biases in ``scales``' dtype."""
     rng = np.random.default_rng(seed)
     w = mx.array(rng.standard_normal((out_features, in_features)).astype(np.float32) * 0.05)
     x = mx.array(rng.standard_normal((1, rows, in_features)).astype(np.float32))
-    return x, *mx.quantize(w, group_size=group_size, bits=bits)
+    q, s, b = mx.quantize(w, group_size=group_size, bits=bits)
+    return x, q, s.astype(scales), b.astype(scales)
 
 
 @needs_native
 @pytest.mark.parametrize("bits, group_size", [(4, 64), (4, 128), (8, 32), (8, 64), (8, 128)])
-@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 8])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_native_equals_mlx_quantized_matmul(bits, group_size, rows, threads):
+@pytest.mark.parametrize("scales", [mx.float32, mx.float16])
+def test_native_equals_mlx_quantized_matmul(bits, group_size, rows, threads, scales):
+    """Exact against MLX's op for 1-8 rows (blocks of 4 and a remainder), float32 or
+    float16 scales (MLX's op computes the float32 x against the widened scales)."""
     import mlxgraph.interpreter._quantized_matvec as ext
 
-    x, w, s, b = case(rows, 300, 1024, bits, group_size, seed=bits * rows)
+    x, w, s, b = case(rows, 300, 1024, bits, group_size, seed=bits * rows, scales=scales)
     ext.set_threads(threads)
     try:
         got = NATIVE.fn(x, w, s, b, group_size, bits)
@@ -56,20 +61,24 @@ def test_native_reads_strided_inputs_and_stays_lazy():
 def test_eligibility():
     x, w, s, b = case(1, 16, 256, 4, 64)
     assert eligible(NATIVE, x, s, 64, 4) == (NATIVE.fn is not None)
-    five = mx.zeros((1, 5, 256))
-    assert not eligible(NATIVE, five, s, 64, 4)                          # prefill: MLX's op
+    eight, nine = mx.zeros((1, 8, 256)), mx.zeros((4, 9, 256))
+    assert eligible(NATIVE, eight, s.astype(mx.float16), 64, 4) == (NATIVE.fn is not None)
+    assert not eligible(NATIVE, nine, s, 64, 4)                          # prefill: BLAS
+    assert not eligible(NATIVE, x, s.astype(mx.bfloat16), 64, 4)         # bfloat16 scales
     assert not eligible(NATIVE, x.astype(mx.float16), s, 64, 4)          # half precision
     assert not eligible(NATIVE, x, s, 32, 4)                             # 4 words a group
 
 
 def test_the_kernel_gives_the_dequantized_product_on_both_paths():
-    x, w, s, b = case(1, 48, 256, 8, 64)
+    x, w, s, b = case(1, 48, 256, 8, 64, scales=mx.float16)
     bias = mx.arange(48, dtype=mx.float32)
-    want = x @ mx.dequantize(w, s, b, group_size=64, bits=8).T + bias
-    # native (1 row), dequantize + matmul (6 rows, float32), MLX's op (6 rows, float16)
-    for rows in (x, mx.concatenate([x] * 6, axis=1)):
+    wide = mx.dequantize(w, s.astype(mx.float32), b.astype(mx.float32), group_size=64, bits=8)
+    want = x @ wide.T + bias
+    # native (1 and 6 rows), dequantize + matmul (12 rows): float32 out, float32 weights
+    for rows in (x, mx.concatenate([x] * 6, axis=1), mx.concatenate([x] * 12, axis=1)):
         got = quantized_linear(rows, w, s, b, bias=bias, group_size=64, bits=8)
-        assert float(mx.abs(got - want[:, :1]).max()) < 1e-4
+        assert got.dtype == mx.float32
+        assert float(mx.abs(got - want).max()) < 1e-4
 
 
 def test_switching_the_native_kernel_off():

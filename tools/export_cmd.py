@@ -23,7 +23,8 @@ from mlxgraph.tools.output import (
 FLAGS = {"max_seq_len": "--max-seq-len", "dtype": "--dtype"}
 # Quantization options that only mean something with --quantize.
 QUANT_FLAGS = {"group_size": "--group-size", "quantize_embedding": "--quantize-embedding",
-               "quantize_lm_head": "--quantize-lm-head", "quantize_exclude": "--quantize-exclude"}
+               "quantize_lm_head": "--quantize-lm-head", "quantize_exclude": "--quantize-exclude",
+               "quantize_scales": "--quantize-scales"}
 INSTALL_HINT = "export needs torch and transformers: pip install 'mlxgraph[export]'"
 
 
@@ -58,6 +59,9 @@ def add_arguments(parser) -> None:
     quant.add_argument("--quantize-exclude", action="append", default=[], metavar="PATTERN",
                        help="keep modules whose path matches PATTERN (fnmatch, e.g. "
                        "'layers.0.*') in float; repeatable")
+    quant.add_argument("--quantize-scales", choices=["float16", "float32"], default=None,
+                       help="a float32 weight's scales and biases (default float16: 4.5 bits "
+                       "per q4 weight; float32 where float16 cannot hold them)")
     parser.add_argument("--allow-nonfinite", action="store_true",
                         help="export weights holding NaN or infinity (refused by default)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -132,7 +136,8 @@ def run(args) -> int:
             allow_nonfinite=args.allow_nonfinite,
             quantize=None if args.quantize is None else QuantizeRecipe(
                 args.quantize, args.group_size or DEFAULT_GROUP_SIZE, args.quantize_embedding,
-                args.quantize_lm_head, tuple(args.quantize_exclude)),
+                args.quantize_lm_head, tuple(args.quantize_exclude),
+                args.quantize_scales or "float16"),
         )
     except ExportError as e:
         return fail(f"export: {e.message_for(FLAGS)}")

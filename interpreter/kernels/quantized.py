@@ -2,12 +2,24 @@
 MLX's own quantized ops, which read the packed layout directly on every device, and on the
 CPU the native matrix-vector kernel for decode-sized float32 steps when the install built
 it, and a dequantized weight under the BLAS matmul for longer ones
-(interpreter/quantized_native.py)."""
+(interpreter/quantized_native.py).
+
+Scales and biases narrower than float32 (a float32 graph stores them as float16 by
+default) are widened before dequantizing: the weight is then computed in float32, which is
+also what ``mx.quantized_matmul`` computes for a float32 x, and the session casts an
+output to its declared dtype."""
 
 import mlx.core as mx
 
 from mlxgraph.interpreter.kernels import register
 from mlxgraph.interpreter.quantized_native import eligible, native_kernel, prefill_sized
+
+
+def _widened(scales, biases) -> tuple:
+    """Scales and biases as float32 when they are a narrower float."""
+    if scales.dtype == mx.float32:
+        return scales, biases
+    return scales.astype(mx.float32), biases.astype(mx.float32)
 
 
 @register("QuantizedLinear")
@@ -17,10 +29,10 @@ def quantized_linear(x, weight, scales, biases, bias, group_size, bits):
     on_cpu = mx.default_device() == mx.cpu
     if on_cpu and eligible(native, x, scales, group_size, bits):
         y = native.fn(x, weight, scales, biases, group_size, bits)
-    elif on_cpu and prefill_sized(x, scales):
+    elif on_cpu and prefill_sized(x):
         # MLX's CPU quantized_matmul is a plain loop (~20x a float32 matmul at 128 rows):
         # a prefill-sized step dequantizes the weight and takes the BLAS matmul instead.
-        w = mx.dequantize(weight, scales, biases, group_size=group_size, bits=bits)
+        w = mx.dequantize(weight, *_widened(scales, biases), group_size=group_size, bits=bits)
         y = mx.matmul(x, w.T)
     else:
         y = mx.quantized_matmul(x, weight, scales, biases, transpose=True,
@@ -32,6 +44,7 @@ def quantized_linear(x, weight, scales, biases, bias, group_size, bits):
 def quantized_embedding(weight, scales, biases, indices, group_size, bits):
     """The rows of W at ``indices``, dequantized: shape indices.shape + [in_features]."""
     flat = indices.reshape(-1)
-    rows = mx.dequantize(mx.take(weight, flat, axis=0), mx.take(scales, flat, axis=0),
-                         mx.take(biases, flat, axis=0), group_size=group_size, bits=bits)
+    picked = (mx.take(a, flat, axis=0) for a in (scales, biases))
+    rows = mx.dequantize(mx.take(weight, flat, axis=0), *_widened(*picked),
+                         group_size=group_size, bits=bits)
     return rows.reshape(*indices.shape, rows.shape[-1])

@@ -4,10 +4,11 @@
 //
 // y[m, n] = sum_g scales[n, g] * dot(codes[n, g, :], x[m, g, :]) + biases[n, g] * xsum[m, g]
 // for M <= MAX_ROWS float32 rows x [M, K] and a weight in MLX's packed layout: uint32 words
-// of 32 / bits codes, the first in the lowest bits. x is first split into planes, plane j
-// holding the values that meet code j of each word, so one vector of consecutive words
-// meets one vector of consecutive x values per plane: no gathers, and every code is
-// unpacked once for all M rows. Runtime dispatch: GCC target clones (AVX-512, AVX2,
+// of 32 / bits codes, the first in the lowest bits; float32 or float16 scales and biases.
+// x is first split into planes, plane j holding the values that meet code j of each word,
+// so one vector of consecutive words meets one vector of consecutive x values per plane:
+// no gathers, and every code is unpacked once per block of 4 rows of x (a row of W is read
+// from memory once for all M). Runtime dispatch: GCC target clones (AVX-512, AVX2,
 // baseline) on x86-64; NEON is the aarch64 baseline. Rows of W are split over threads.
 
 #include <atomic>
@@ -36,7 +37,7 @@ namespace nb = nanobind;
 
 namespace {
 
-constexpr int MAX_ROWS = 4;   // the small-batch bound: more rows go to MLX's own op
+constexpr int MAX_ROWS = 8;   // the small-batch bound: more rows go to MLX's own op
 constexpr int LANES = 8;      // words per vector step (32-byte vectors of uint32)
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
@@ -54,67 +55,80 @@ struct Problem {
   const float* planes;   // [M][codes per word][K / codes per word]
   const float* xsum;     // [M][groups]
   const uint32_t* w;     // [N][K * bits / 32]
-  const float* scales;   // [N][groups]
-  const float* biases;
+  const void* scales;    // [N][groups], float32 or float16 (half_scales)
+  const void* biases;
   float* y;              // [M][N]
   int m, n, k, bits, group_size;
+  bool half_scales;
 };
 
-// Rows [lo, hi) of W against the M rows of x. Words per group is a multiple of LANES.
+// Rows [m0, m0 + M) of x against row r of W. Words per group is a multiple of LANES.
 // M is a template parameter so the accumulators stay in registers.
-template <int BITS, int M>
-MLXG_CLONES void rows_kernel(const Problem& p, int lo, int hi) {
+template <int BITS, int M, typename S>
+__attribute__((always_inline)) inline void row_dot(const Problem& p, int r, int m0) {
   constexpr int PER_WORD = 32 / BITS;
   constexpr uint32_t MASK = (1u << BITS) - 1;
   const int words = p.k / PER_WORD, groups = p.k / p.group_size;
   const int wpg = words / groups;
-  for (int r = lo; r < hi; ++r) {
-    const uint32_t* wr = p.w + (size_t)r * words;
-    v8f acc[M] = {};
-    for (int g = 0; g < groups; ++g) {
-      v8f part[M] = {};
-      for (int i = g * wpg; i < (g + 1) * wpg; i += LANES) {
-        v8u word;
-        std::memcpy(&word, wr + i, sizeof(word));
+  const uint32_t* wr = p.w + (size_t)r * words;
+  const S* scales = static_cast<const S*>(p.scales) + (size_t)r * groups;
+  const S* biases = static_cast<const S*>(p.biases) + (size_t)r * groups;
+  const float* planes = p.planes + (size_t)m0 * PER_WORD * words;
+  v8f acc[M] = {};
+  for (int g = 0; g < groups; ++g) {
+    v8f part[M] = {};
+    for (int i = g * wpg; i < (g + 1) * wpg; i += LANES) {
+      v8u word;
+      std::memcpy(&word, wr + i, sizeof(word));
 #pragma GCC unroll 8
-        for (int j = 0; j < PER_WORD; ++j) {
-          // Codes fit in 8 bits: a signed conversion (one instruction on every level).
-          v8i code = (v8i)((word >> (uint32_t)(BITS * j)) & MASK);
-          v8f c = __builtin_convertvector(code, v8f);
-          for (int m = 0; m < M; ++m) {
-            v8f xv;
-            std::memcpy(&xv, p.planes + ((size_t)m * PER_WORD + j) * words + i, sizeof(xv));
-            part[m] += c * xv;
-          }
+      for (int j = 0; j < PER_WORD; ++j) {
+        // Codes fit in 8 bits: a signed conversion (one instruction on every level).
+        v8i code = (v8i)((word >> (uint32_t)(BITS * j)) & MASK);
+        v8f c = __builtin_convertvector(code, v8f);
+        for (int m = 0; m < M; ++m) {
+          v8f xv;
+          std::memcpy(&xv, planes + ((size_t)m * PER_WORD + j) * words + i, sizeof(xv));
+          part[m] += c * xv;
         }
       }
-      const float s = p.scales[(size_t)r * groups + g];
-      for (int m = 0; m < M; ++m) acc[m] += s * part[m];
     }
-    for (int m = 0; m < M; ++m) {
-      float total = 0;
-      for (int l = 0; l < LANES; ++l) total += acc[m][l];
-      const float* xs = p.xsum + (size_t)m * groups;
-      const float* b = p.biases + (size_t)r * groups;
-      for (int g = 0; g < groups; ++g) total += b[g] * xs[g];
-      p.y[(size_t)m * p.n + r] = total;
+    const float s = static_cast<float>(scales[g]);
+    for (int m = 0; m < M; ++m) acc[m] += s * part[m];
+  }
+  for (int m = 0; m < M; ++m) {
+    float total = 0;
+    for (int l = 0; l < LANES; ++l) total += acc[m][l];
+    const float* xs = p.xsum + (size_t)(m0 + m) * groups;
+    for (int g = 0; g < groups; ++g) total += static_cast<float>(biases[g]) * xs[g];
+    p.y[(size_t)(m0 + m) * p.n + r] = total;
+  }
+}
+
+// Rows [lo, hi) of W against every row of x, in blocks of up to 4 rows of x: a row of W
+// (at most a few KB) is read from memory once and stays in L1 for the later blocks.
+template <int BITS, typename S>
+MLXG_CLONES void rows_kernel(const Problem& p, int lo, int hi) {
+  for (int r = lo; r < hi; ++r) {
+    int m0 = 0;
+    for (; m0 + 4 <= p.m; m0 += 4) row_dot<BITS, 4, S>(p, r, m0);
+    switch (p.m - m0) {
+      case 1: row_dot<BITS, 1, S>(p, r, m0); break;
+      case 2: row_dot<BITS, 2, S>(p, r, m0); break;
+      case 3: row_dot<BITS, 3, S>(p, r, m0); break;
+      default: break;
     }
   }
 }
 
-template <int BITS>
-void rows_for_bits(const Problem& p, int lo, int hi) {
-  switch (p.m) {
-    case 1: return rows_kernel<BITS, 1>(p, lo, hi);
-    case 2: return rows_kernel<BITS, 2>(p, lo, hi);
-    case 3: return rows_kernel<BITS, 3>(p, lo, hi);
-    default: return rows_kernel<BITS, 4>(p, lo, hi);
-  }
+template <typename S>
+void rows_for_scales(const Problem& p, int lo, int hi) {
+  if (p.bits == 4) rows_kernel<4, S>(p, lo, hi);
+  else rows_kernel<8, S>(p, lo, hi);
 }
 
 void dispatch_rows(const Problem& p, int lo, int hi) {
-  if (p.bits == 4) rows_for_bits<4>(p, lo, hi);
-  else rows_for_bits<8>(p, lo, hi);
+  if (p.half_scales) rows_for_scales<mx::float16_t>(p, lo, hi);
+  else rows_for_scales<float>(p, lo, hi);
 }
 
 // A small pool: the caller runs one share, the workers the others; workers sleep between calls.
@@ -243,9 +257,10 @@ class QuantizedMatvec : public mx::Primitive {
     encoder.set_input_array(scales);
     encoder.set_input_array(biases);
     encoder.set_output_array(out);
-    Problem p{x.data<float>(), nullptr, w.data<uint32_t>(), scales.data<float>(),
-              biases.data<float>(), out.data<float>(), (int)(x.size() / x.shape(-1)),
-              (int)w.shape(0), (int)x.shape(-1), bits_, group_size_};
+    Problem p{x.data<float>(), nullptr, w.data<uint32_t>(), scales.data<void>(),
+              biases.data<void>(), out.data<float>(), (int)(x.size() / x.shape(-1)),
+              (int)w.shape(0), (int)x.shape(-1), bits_, group_size_,
+              scales.dtype() == mx::float16};
     encoder.dispatch([p]() mutable { matvec(p); });
   }
 
@@ -269,9 +284,11 @@ mx::array quantized_matvec(const mx::array& x_in, const mx::array& w, const mx::
                            const mx::array& biases, int group_size, int bits) {
   if ((bits != 4 && bits != 8) || group_size * bits / 32 % LANES != 0)
     throw std::invalid_argument("quantized_matvec: unsupported bits or group size");
-  if (x_in.dtype() != mx::float32 || scales.dtype() != mx::float32 ||
-      biases.dtype() != mx::float32 || w.dtype() != mx::uint32 || w.ndim() != 2)
-    throw std::invalid_argument("quantized_matvec: float32 x, scales, biases, uint32 w");
+  if (x_in.dtype() != mx::float32 || w.dtype() != mx::uint32 || w.ndim() != 2 ||
+      (scales.dtype() != mx::float32 && scales.dtype() != mx::float16) ||
+      biases.dtype() != scales.dtype())
+    throw std::invalid_argument(
+        "quantized_matvec: float32 x, uint32 w, float32 or float16 scales and biases");
   const int k = x_in.shape(-1);
   if ((long)w.shape(1) * 32 / bits != k || k % group_size != 0 ||
       x_in.size() / k > MAX_ROWS || scales.shape(0) != w.shape(0) ||
@@ -292,7 +309,7 @@ NB_MODULE(_quantized_matvec, m) {
   nb::module_::import_("mlx.core");  // registers mlx.core.array with nanobind first
   m.def("quantized_matvec", &quantized_matvec, nb::arg("x"), nb::arg("w"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
-        "x @ dequantize(w).T for float32 x of at most 4 rows (lazy MLX array).");
+        "x @ dequantize(w).T for float32 x of at most 8 rows (lazy MLX array).");
   m.def("simd", &simd_name, "The instruction set the kernel's dispatch picks on this CPU.");
   m.def("set_threads", [](int n) { g_threads = n < 1 ? 1 : n; }, nb::arg("threads"));
   m.def("threads", [] { return g_threads.load(); });

@@ -1,0 +1,43 @@
+"""Benchmark process: greedy generation with llama.cpp (llama-cpp-python) on a GGUF file.
+
+    python benchmarks/engines/llama_cpp_engine.py --model M.gguf --prompt-ids 1,2,3 --new-tokens 128
+
+The prompt in one ``eval`` (llama.cpp's prefill, one batch), then one ``eval`` per token,
+the next token the argmax of the last logits, as mlxgraph's loop does (EOS ignored).
+Threads: the CPU count up to 2, as mlxgraph's quantized kernel uses.
+"""
+
+import os
+import sys
+
+from common import emit, parse_args, run_all
+
+
+def main() -> int:
+    """Run the benchmark and print the result line."""
+    args = parse_args()
+    import numpy as np
+    from llama_cpp import Llama
+
+    threads = min(2, os.cpu_count() or 1)
+    llm = Llama(model_path=args.model, n_ctx=len(args.prompt) + args.new_tokens + 8,
+                n_batch=max(512, len(args.prompt)), n_threads=threads,
+                n_threads_batch=threads, verbose=False)
+
+    def once(prompt, n, timer):
+        llm.reset()
+        llm.eval(prompt)
+        for i in range(n):
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            timer.token(tok)
+            if i + 1 < n:
+                llm.eval([tok])
+
+    doc = run_all(once, args)
+    doc.update(engine="llama.cpp", threads=threads)
+    emit(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
