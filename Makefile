@@ -4,12 +4,19 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
+# llama.cpp for the quantized benchmark: llama-cpp-python (pinned in pyproject's bench extra)
+# builds from source, only its library; its sdist also holds llama.cpp's GGUF converter,
+# unpacked here (benchmarks/llama_cpp_gguf.py).
+LLAMA_CPP_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
+LLAMA_CPP_SRC := $(VENV)/llama-cpp-src
+LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF
 OUT := out
 # The demo's sampling: low temperature reads like code without greedy decoding's loops.
 DEMO_SAMPLING := --max-tokens 96 --temperature 0.6 --top-k 40 --seed 3
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv demo test test-slow generate lint bench blas
+.PHONY: venv demo test test-slow generate lint bench bench-quantized blas
 
 # setup.py builds the optional native parts (interpreter/native/: the C BLAS router and the
 # quantized matrix-vector kernel) in place.
@@ -20,7 +27,16 @@ $(STAMP): pyproject.toml setup.py $(wildcard interpreter/native/*.c interpreter/
 	touch $(STAMP)
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[export,dev,serve,bench]"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q --disable-pip-version-check \
+		-e ".[export,dev,serve,bench]"
+	rm -rf $(LLAMA_CPP_SRC) && mkdir -p $(LLAMA_CPP_SRC)/sdist
+	$(PY) -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+		-d $(LLAMA_CPP_SRC)/sdist llama-cpp-python==$(LLAMA_CPP_VERSION)
+	tar xzf $(LLAMA_CPP_SRC)/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz \
+		-C $(LLAMA_CPP_SRC) --strip-components=3 --wildcards \
+		'*/vendor/llama.cpp/convert_hf_to_gguf.py' '*/vendor/llama.cpp/conversion/*' \
+		'*/vendor/llama.cpp/gguf-py/*'
+	rm -rf $(LLAMA_CPP_SRC)/sdist
 	touch $(BENCH_STAMP)
 
 venv: $(STAMP)
@@ -66,4 +82,8 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/serve_bench.py
 	$(PY) benchmarks/batch_bench.py
 	$(PY) benchmarks/ragged_attention_bench.py
+	$(PY) benchmarks/quantized_bench.py
+
+# Quantized weights against llama.cpp alone (part of bench).
+bench-quantized: $(BENCH_STAMP)
 	$(PY) benchmarks/quantized_bench.py

@@ -4,10 +4,11 @@ install still succeeds and mlxgraph runs without it (the stats say so).
 - mlxgraph's CBLAS router (interpreter/native/blas_router.c): a plain C shared library (no
   Python API). Only Linux needs it (macOS uses Accelerate). The BLAS line of the stats says
   "router absent" without it.
-- the quantized matrix-vector kernel (interpreter/native/quantized_matvec.cpp): an MLX
-  primitive in a nanobind extension, compiled against the headers of the MLX wheel and in
-  MLX's nanobind domain (both are build requirements, pyproject.toml). Without it,
-  QuantizedLinear runs on mx.quantized_matmul.
+- the native matrix-vector kernels (interpreter/native/quantized_matvec.cpp: quantized
+  weights, and half_matvec.h: float16/bfloat16 weights): MLX primitives in a nanobind
+  extension, compiled against the headers of the MLX wheel and in MLX's nanobind domain
+  (both are build requirements, pyproject.toml). Without it, QuantizedLinear and
+  half-precision Linear run on MLX's own ops.
 - float32 sigmoid and SiLU (interpreter/native/activations.cpp), an MLX primitive built the
   same way: MLX's x86-64 CPU exp runs one element at a time. Without it, MLX's own ops.
 
@@ -33,6 +34,11 @@ ROUTER = Extension(
 )
 
 
+# Headers a native module's source includes (a change rebuilds it).
+HEADERS = {"quantized_matvec": ["interpreter/native/half_matvec.h",
+                                "interpreter/native/matvec_common.h"]}
+
+
 def mlx_primitives() -> list:
     """The MLX-primitive extensions (quantized matvec, activations), or none when their
     build requirements are missing."""
@@ -48,7 +54,7 @@ def mlx_primitives() -> list:
     return [Extension(
         f"mlxgraph.interpreter._{name}",
         sources=[f"interpreter/native/{name}.cpp", str(nb / "src" / "nb_combined.cpp")],
-        depends=["interpreter/native/simd_name.h"],
+        depends=["interpreter/native/simd_name.h", *HEADERS.get(name, [])],
         include_dirs=[str(mlx_include), str(nb / "include"),
                       str(nb / "ext" / "robin_map" / "include")],
         # MLX's Python module binds its arrays in the nanobind domain "mlx": the kernel's

@@ -10,7 +10,9 @@ transformers computes the loss of every window in float32 (this process, torch);
 exports the folder as float32, float16 and bfloat16 graphs and computes the same loss in a
 child process (MLX with the preloaded BLAS, no torch), and with a float32 graph over a
 float16, bfloat16, 8-bit and 4-bit KV cache, and float32 graphs of q8 and q4 weights
-(``export --quantize``). Printed per row: bits per byte, the loss's
+(``export --quantize``); with llama-cpp-python and its converter installed (``make bench``),
+also llama.cpp's float32, q8_0 and q4_0 GGUF files of the same folder
+(benchmarks/llama_cpp_gguf.py), fed the same token ids. Printed per row: bits per byte, the loss's
 relative difference from transformers float32, its tolerance (1e-4 for float32: the same
 computation; the others are stated in ROWS) and tokens/s of the loss pass. Exit 1 when a
 row is outside its tolerance.
@@ -18,6 +20,7 @@ row is outside its tolerance.
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -48,6 +51,10 @@ ROWS = [
 ]
 # A row's weight recipe (its optional fifth entry) as export's quantize argument.
 RECIPES = {"q8": ("q8", None), "q4": ("q4", None), "q4+q8": ("q4", "q8")}
+# llama.cpp's files of the same folder (GGUF type, tolerance): float32 is the same model
+# (its own kernels); q8_0 and q4_0 (whose LM head llama.cpp keeps at 6 or 8 bits) stand
+# beside mlxgraph's q8 and q4 rows, with the same tolerances.
+LLAMA_ROWS = [("f32", 1e-3), ("q8_0", 1e-2), ("q4_0", 5e-2)]
 
 
 def heldout_paths() -> set[str]:
@@ -111,11 +118,50 @@ def worker(graph: str, windows_file: str, options: str) -> int:
     return 0
 
 
+def llama_worker(gguf: str, windows_file: str) -> int:
+    """Child process: the summed NLL per window under llama.cpp (llama-cpp-python) on a
+    GGUF file, every position's logits from one batch per window, as JSON."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    from mlxgraph.tools.perplexity import nll_sum
+
+    wins = json.loads(Path(windows_file).read_text())
+    longest = max(len(w) for w in wins)
+    threads = min(2, os.cpu_count() or 1)
+    llm = Llama(model_path=gguf, n_ctx=longest, n_batch=longest, n_ubatch=longest,
+                logits_all=True, n_threads=threads, n_threads_batch=threads, verbose=False)
+    nll, t0 = [], time.perf_counter()
+    for w in wins:
+        llm.reset()
+        llm.eval(w[:-1])
+        nll.append(nll_sum(np.array(llm.scores[: len(w) - 1]), w[1:]))
+    print(json.dumps({"nll": nll, "seconds": time.perf_counter() - t0}))
+    return 0
+
+
 def mlxgraph_nll(graph: Path, windows_file: Path, options: dict) -> dict:
     """Run the worker on ``graph`` with session ``options``; its JSON result."""
     cmd = [sys.executable, __file__, "--worker", str(graph), str(windows_file), json.dumps(options)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def llama_rows(folder: Path, windows_file: Path, tmp: Path) -> list:
+    """The llama.cpp rows (none, with the reason printed, when it is not installed)."""
+    from llama_cpp_gguf import convert, missing
+
+    if reason := missing():
+        print(f"perplexity_bench: no llama.cpp rows: {reason}", file=sys.stderr)
+        return []
+    files, rows = convert(folder, tmp / "gguf"), []
+    for kind, tol in LLAMA_ROWS:
+        cmd = [sys.executable, __file__, "--llama-worker", str(files[kind]), str(windows_file)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        rows.append({"name": f"llama.cpp {kind}", "nll": sum(got["nll"]),
+                     "seconds": got["seconds"], "tolerance": tol})
+    return rows
 
 
 def measure(args) -> dict:
@@ -146,6 +192,7 @@ def measure(args) -> dict:
             got = mlxgraph_nll(graph, windows_file, options)
             rows.append({"name": f"mlxgraph {name}", "nll": sum(got["nll"]),
                          "seconds": got["seconds"], "tolerance": tol})
+        rows += llama_rows(folder, windows_file, Path(tmp))
     for row in rows:
         row["bits_per_byte"] = row["nll"] / 0.6931471805599453 / total_bytes
         row["nats_per_token"] = row["nll"] / tokens
@@ -184,9 +231,12 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", type=int, default=0, help="use the first N windows (default: all)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--llama-worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         return worker(*args.worker)
+    if args.llama_worker:
+        return llama_worker(*args.llama_worker)
     from mlxgraph.schema.format import format_version
     from mlxgraph.tools.output import json_header_for
 

@@ -1,5 +1,6 @@
-"""The native quantized matrix-vector kernel (interpreter/native/quantized_matvec.cpp): equal
-to MLX's own op on every shape it takes, used only where it applies, and switchable off."""
+"""The native matrix-vector kernels (interpreter/native/): the quantized one equal to MLX's own
+op on every shape it takes, the float16/bfloat16 one equal to the float32 product of the
+same weights; each used only where it applies, and switchable off."""
 
 import os
 import subprocess
@@ -10,7 +11,12 @@ import numpy as np
 import pytest
 
 from mlxgraph.interpreter.kernels.quantized import quantized_linear
-from mlxgraph.interpreter.quantized_native import KERNEL_ENV, eligible, native_kernel
+from mlxgraph.interpreter.quantized_native import (
+    KERNEL_ENV,
+    eligible,
+    half_eligible,
+    native_kernel,
+)
 
 NATIVE = native_kernel()
 # The install builds the kernel wherever a C++ compiler is (this machine has one); a
@@ -89,3 +95,80 @@ def test_switching_the_native_kernel_off():
                          timeout=120, check=True).stdout
     assert out.strip().endswith(f"otherwise mx.quantized_matmul ({KERNEL_ENV}=mlx)")
     assert not out.startswith("native")
+
+
+# ---------------------------------------------------------------- float16 / bfloat16 Linear
+def half_case(rows, dtype, out_features=300, in_features=1024, seed=0):
+    rng = np.random.default_rng(seed)
+    w = mx.array(rng.standard_normal((out_features, in_features)).astype(np.float32) * 0.05)
+    x = mx.array(rng.standard_normal((1, rows, in_features)).astype(np.float32))
+    return x.astype(dtype), w.astype(dtype)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 5, 8])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_half_native_equals_the_float32_product_of_the_same_weights(dtype, rows, threads):
+    import mlxgraph.interpreter._quantized_matvec as ext
+
+    x, w = half_case(rows, dtype, seed=rows)
+    ext.set_threads(threads)
+    try:
+        got = NATIVE.half_fn(x, w)
+    finally:
+        ext.set_threads(NATIVE.threads)
+    want = x.astype(mx.float32) @ w.astype(mx.float32).T
+    assert got.dtype == mx.float32 and got.shape == want.shape == (1, rows, 300)
+    # Float32 sums in another order than the BLAS: float32 rounding only.
+    assert float(mx.abs(got - want).max()) <= 1e-5 * float(mx.abs(want).max())
+
+
+@needs_native
+def test_half_widening_is_exact_for_every_float16_value():
+    """Every finite float16 bit pattern through the kernel (x one-hot): W's values come out
+    as float32 exactly, subnormals and zeros included; then infinities and NaN."""
+    bits = np.arange(2**16, dtype=np.uint16)
+    values = bits.view(np.float16)
+    finite = values[np.isfinite(values)]
+    w = mx.array(finite[: finite.size // 16 * 16].reshape(-1, 16))
+    for col in (0, 9):
+        x = mx.array(np.eye(16, dtype=np.float16)[col][None])
+        got = np.array(NATIVE.half_fn(x, w))[0]
+        assert np.array_equal(got, np.array(w)[:, col].astype(np.float32))
+    special = np.zeros((3, 16), np.float16)
+    special[:, 3] = [np.inf, -np.inf, np.nan]
+    got = np.array(NATIVE.half_fn(mx.array(np.eye(16, dtype=np.float16)[3][None]),
+                                  mx.array(special)))[0]
+    assert got[0] == np.inf and got[1] == -np.inf and np.isnan(got[2])
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_half_linear_takes_the_native_kernel_and_rounds_once(dtype):
+    from mlxgraph.interpreter.kernels.linalg import linear
+
+    x, w = half_case(2, dtype, seed=7)
+    bias = (mx.arange(300) / 100).astype(dtype)
+    assert half_eligible(NATIVE, x, w)
+    got = linear(x, w, bias)
+    want = (x.astype(mx.float32) @ w.astype(mx.float32).T + bias.astype(mx.float32))
+    assert got.dtype == dtype
+    # One rounding of the float32 result (half a unit in the last place), beside float32's
+    # own summation-order noise.
+    half_ulp = 2.0 ** -11 if dtype == mx.float16 else 2.0 ** -8
+    bound = mx.abs(want) * half_ulp + 1e-5 * mx.abs(want).max()
+    assert bool(mx.all(mx.abs(got.astype(mx.float32) - want) <= bound))
+
+
+def test_half_eligibility():
+    x, w = half_case(1, mx.float16, in_features=64)
+    assert half_eligible_(x, w) == (NATIVE.half_fn is not None)
+    assert not half_eligible_(x.astype(mx.float32), w.astype(mx.float32))   # BLAS does it
+    assert not half_eligible_(x, w.astype(mx.bfloat16))                        # mixed dtypes
+    assert not half_eligible_(*half_case(9, mx.float16, in_features=64))       # 9 rows
+    assert not half_eligible_(*half_case(1, mx.float16, in_features=72))       # K % 16
+
+
+def half_eligible_(x, w):
+    return half_eligible(NATIVE, x, w)

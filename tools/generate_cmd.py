@@ -14,6 +14,7 @@ parser, and an optimised BLAS must be loaded before mlx (interpreter/blas.py), w
 import sys
 
 from mlxgraph.tools.generate_report import (
+    half_matvec_stats,
     print_cache_notes,
     print_stats,
     quantized_stats,
@@ -247,6 +248,7 @@ def _run(args, blas) -> int:
     doc = stats_doc(stats, blas, sampler, mx)
     doc["stats"]["compute"] = program.compute_info()
     doc["stats"]["quantized"] = quantized_stats(program)
+    doc["stats"]["half_matvec"] = half_matvec_stats(program)
     doc["kv_cache"] = {
         **{k: session.policy[k] for k in ("kv_dtype", "kv_bits", "kv_group_size")},
         "approximations": {str(k): v for k, v in session.approximations.items()},

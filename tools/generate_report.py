@@ -31,6 +31,20 @@ def quantized_stats(program) -> dict | None:
     return native_kernel().as_dict()
 
 
+def half_matvec_stats(program) -> dict | None:
+    """Which kernel the graph's float16/bfloat16 Linear nodes run on at decode (None for a
+    graph without any)."""
+    from mlxgraph.interpreter.mlx_dtypes import HALF_DTYPES
+    from mlxgraph.interpreter.quantized_native import native_kernel
+
+    if not any(n.record.op == "LinearNode"
+               and program.tensor_dtypes[n.record.fields["weight"]] in HALF_DTYPES
+               for n in program.nodes):
+        return None
+    kernel = native_kernel()
+    return {"native": kernel.half_fn is not None, "kernel": kernel.describe_half()}
+
+
 def print_stats(stats, doc, blas, err) -> None:
     """The stats lines for a person (stderr)."""
     s = doc["stats"]
@@ -54,6 +68,8 @@ def print_stats(stats, doc, blas, err) -> None:
     print(f"BLAS         {blas.describe()}", file=err)
     if s.get("quantized"):
         print(f"quantized    {s['quantized']['kernel']}", file=err)
+    if s.get("half_matvec"):
+        print(f"half matvec  {s['half_matvec']['kernel']}", file=err)
     print_compute_note(s["compute"], err)
 
 
@@ -94,7 +110,8 @@ def compute_note(compute: dict) -> str:
         widened = ", ".join(compute["widened_from"])
         return f"{dtypes} (widened from {widened} at load: --compute-dtype)"
     if {"float16", "bfloat16"} & set(compute["dtypes"]):
-        return (f"{dtypes}: MLX's half-precision matmuls on CPU are 20-50x slower than float32; "
+        return (f"{dtypes}: MLX's half-precision matmuls on CPU are 20-50x slower than float32 "
+                "(decode-sized Linear steps take the native half kernel, if built); "
                 "--compute-dtype float32 widens at load")
     return ""
 

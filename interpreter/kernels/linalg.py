@@ -3,6 +3,7 @@
 import mlx.core as mx
 
 from mlxgraph.interpreter.kernels import register
+from mlxgraph.interpreter.quantized_native import half_eligible, native_kernel
 
 
 @register("Matmul")
@@ -23,6 +24,12 @@ def addmm(bias, a, b, alpha=1.0, beta=1.0):
 @register("Linear")
 def linear(x, weight, bias=None):
     """x @ weight.T (+ bias); weight is [out_features, in_features] as torch stores it."""
+    native = native_kernel()
+    if mx.default_device() == mx.cpu and half_eligible(native, x, weight):
+        # MLX's CPU product in half precision is a plain loop (~25-50x float32's BLAS here):
+        # decode-sized steps take the native kernel (float32 sums, rounded once at the end).
+        y = native.half_fn(x, weight)
+        return (y if bias is None else y + bias).astype(x.dtype)
     # weight.T is a strided view: the matmul reads it transposed, nothing is copied.
     wt = weight.T
     if bias is None:

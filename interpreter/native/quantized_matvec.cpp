@@ -1,6 +1,7 @@
 // mlxgraph's quantized matrix-vector product on the CPU, as an MLX primitive
-// (docs/architecture.md#quantized-weights). Built at install by setup.py (optional);
-// interpreter/native_quantized.py loads it and falls back to mx.quantized_matmul without it.
+// (docs/architecture.md#quantized-weights), and the module of the native kernels (the half
+// precision one is half_matvec.h). Built at install by setup.py (optional);
+// interpreter/quantized_native.py loads it and falls back to MLX's own ops without it.
 //
 // y[m, n] = sum_g scales[n, g] * dot(codes[n, g, :], x[m, g, :]) + biases[n, g] * xsum[m, g]
 // for M <= MAX_ROWS float32 rows x [M, K] and a weight in MLX's packed layout: uint32 words
@@ -11,15 +12,10 @@
 // from memory once for all M). Runtime dispatch: GCC target clones (AVX-512, AVX2,
 // baseline) on x86-64; NEON is the aarch64 baseline. Rows of W are split over threads.
 
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -30,6 +26,8 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "half_matvec.h"
+#include "matvec_common.h"
 #include "simd_name.h"
 
 namespace mx = mlx::core;
@@ -37,19 +35,7 @@ namespace nb = nanobind;
 
 namespace {
 
-constexpr int MAX_ROWS = 8;   // the small-batch bound: more rows go to MLX's own op
-constexpr int LANES = 8;      // words per vector step (32-byte vectors of uint32)
-typedef uint32_t v8u __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-typedef float v8f __attribute__((vector_size(32)));
-
-#if defined(__x86_64__)
-// x86-64-v4: AVX-512 (F, BW, DQ, VL); v3: AVX2 with FMA; default: SSE2.
-#define MLXG_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define MLXG_CLONES
-#endif
+using namespace mlxgraph_native;
 
 struct Problem {
   const float* planes;   // [M][codes per word][K / codes per word]
@@ -62,17 +48,17 @@ struct Problem {
   bool half_scales;
 };
 
-// Rows [m0, m0 + M) of x against row r of W. Words per group is a multiple of LANES.
-// M is a template parameter so the accumulators stay in registers.
-template <int BITS, int M, typename S>
-__attribute__((always_inline)) inline void row_dot(const Problem& p, int r, int m0) {
+// Rows [m0, m0 + M) of x against row r of W, whose scales and biases (float32) are
+// ``scales`` and ``biases``. Words per group is a multiple of LANES. M is a template
+// parameter so the accumulators stay in registers.
+template <int BITS, int M>
+__attribute__((always_inline)) inline void row_dot(const Problem& p, int r, int m0,
+                                                   const float* scales, const float* biases) {
   constexpr int PER_WORD = 32 / BITS;
   constexpr uint32_t MASK = (1u << BITS) - 1;
   const int words = p.k / PER_WORD, groups = p.k / p.group_size;
   const int wpg = words / groups;
   const uint32_t* wr = p.w + (size_t)r * words;
-  const S* scales = static_cast<const S*>(p.scales) + (size_t)r * groups;
-  const S* biases = static_cast<const S*>(p.biases) + (size_t)r * groups;
   const float* planes = p.planes + (size_t)m0 * PER_WORD * words;
   v8f acc[M] = {};
   for (int g = 0; g < groups; ++g) {
@@ -92,119 +78,56 @@ __attribute__((always_inline)) inline void row_dot(const Problem& p, int r, int 
         }
       }
     }
-    const float s = static_cast<float>(scales[g]);
+    const float s = scales[g];
     for (int m = 0; m < M; ++m) acc[m] += s * part[m];
   }
   for (int m = 0; m < M; ++m) {
     float total = 0;
     for (int l = 0; l < LANES; ++l) total += acc[m][l];
     const float* xs = p.xsum + (size_t)(m0 + m) * groups;
-    for (int g = 0; g < groups; ++g) total += static_cast<float>(biases[g]) * xs[g];
+    for (int g = 0; g < groups; ++g) total += biases[g] * xs[g];
     p.y[(size_t)(m0 + m) * p.n + r] = total;
   }
 }
 
 // Rows [lo, hi) of W against every row of x, in blocks of up to 4 rows of x: a row of W
 // (at most a few KB) is read from memory once and stays in L1 for the later blocks.
-template <int BITS, typename S>
+// float16 scales and biases are widened a row at a time.
+template <int BITS, bool HALF_SCALES>
 MLXG_CLONES void rows_kernel(const Problem& p, int lo, int hi) {
+  const int groups = p.k / p.group_size;
+  std::vector<float> wide(HALF_SCALES ? 2 * groups : 0);
   for (int r = lo; r < hi; ++r) {
+    const float *s, *b;
+    if constexpr (HALF_SCALES) {
+      const size_t at = (size_t)r * groups;
+      widen<false>(static_cast<const uint16_t*>(p.scales) + at, wide.data(), groups);
+      widen<false>(static_cast<const uint16_t*>(p.biases) + at, wide.data() + groups, groups);
+      s = wide.data(), b = wide.data() + groups;
+    } else {
+      s = static_cast<const float*>(p.scales) + (size_t)r * groups;
+      b = static_cast<const float*>(p.biases) + (size_t)r * groups;
+    }
     int m0 = 0;
-    for (; m0 + 4 <= p.m; m0 += 4) row_dot<BITS, 4, S>(p, r, m0);
+    for (; m0 + 4 <= p.m; m0 += 4) row_dot<BITS, 4>(p, r, m0, s, b);
     switch (p.m - m0) {
-      case 1: row_dot<BITS, 1, S>(p, r, m0); break;
-      case 2: row_dot<BITS, 2, S>(p, r, m0); break;
-      case 3: row_dot<BITS, 3, S>(p, r, m0); break;
+      case 1: row_dot<BITS, 1>(p, r, m0, s, b); break;
+      case 2: row_dot<BITS, 2>(p, r, m0, s, b); break;
+      case 3: row_dot<BITS, 3>(p, r, m0, s, b); break;
       default: break;
     }
   }
 }
 
-template <typename S>
+template <bool HALF_SCALES>
 void rows_for_scales(const Problem& p, int lo, int hi) {
-  if (p.bits == 4) rows_kernel<4, S>(p, lo, hi);
-  else rows_kernel<8, S>(p, lo, hi);
+  if (p.bits == 4) rows_kernel<4, HALF_SCALES>(p, lo, hi);
+  else rows_kernel<8, HALF_SCALES>(p, lo, hi);
 }
 
 void dispatch_rows(const Problem& p, int lo, int hi) {
-  if (p.half_scales) rows_for_scales<mx::float16_t>(p, lo, hi);
-  else rows_for_scales<float>(p, lo, hi);
-}
-
-// A small pool: the caller runs one share, the workers the others; workers sleep between calls.
-class Pool {
- public:
-  explicit Pool(int threads) {
-    for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { loop(t); });
-  }
-  ~Pool() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& w : workers_) w.join();
-  }
-  int size() const { return (int)workers_.size() + 1; }
-  // Run fn(share) for share in [0, shares), shares <= size().
-  void run(int shares, const std::function<void(int)>& fn) {
-    if (shares <= 1) {
-      fn(0);
-      return;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      fn_ = &fn;
-      shares_ = shares;
-      pending_.store(shares - 1);
-      ++generation_;
-    }
-    cv_.notify_all();
-    fn(0);
-    while (pending_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
-  }
-
- private:
-  void loop(int id) {
-    uint64_t seen = 0;
-    for (;;) {
-      const std::function<void(int)>* fn;
-      int shares;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        fn = fn_;
-        shares = shares_;
-      }
-      if (id < shares) {
-        (*fn)(id);
-        pending_.fetch_sub(1, std::memory_order_release);
-      }
-    }
-  }
-  std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  const std::function<void(int)>* fn_ = nullptr;
-  int shares_ = 0;
-  uint64_t generation_ = 0;
-  std::atomic<int> pending_{0};
-  bool stop_ = false;
-};
-
-std::atomic<int> g_threads{1};
-Pool* g_pool = nullptr;
-std::mutex g_pool_mu;   // held for a whole product: the pool serves one caller at a time
-                        // (two CPU streams may run products concurrently)
-
-Pool& pool() {  // call with g_pool_mu held
-  if (g_pool == nullptr || g_pool->size() != g_threads) {
-    delete g_pool;
-    g_pool = new Pool(g_threads);
-  }
-  return *g_pool;
+  if (p.half_scales) rows_for_scales<true>(p, lo, hi);
+  else rows_for_scales<false>(p, lo, hi);
 }
 
 void matvec(Problem& p) {
@@ -226,17 +149,7 @@ void matvec(Problem& p) {
   }
   p.planes = planes.data();
   p.xsum = xsum.data();
-  std::lock_guard<std::mutex> lock(g_pool_mu);
-  Pool& workers = pool();
-  // Below ~1M weights a thread's wake-up costs more than its share of the work.
-  const long weights = (long)p.n * p.k;
-  const int shares =
-      weights < (1L << 20) ? 1 : std::min(workers.size(), std::max(1, p.n / 8));
-  auto run = [&](int share) {
-    const int lo = (int)((long)p.n * share / shares), hi = (int)((long)p.n * (share + 1) / shares);
-    dispatch_rows(p, lo, hi);
-  };
-  workers.run(shares, run);
+  parallel_rows(p.n, (long)p.n * p.k, [&](int lo, int hi) { dispatch_rows(p, lo, hi); });
 }
 
 class QuantizedMatvec : public mx::Primitive {
@@ -310,6 +223,8 @@ NB_MODULE(_quantized_matvec, m) {
   m.def("quantized_matvec", &quantized_matvec, nb::arg("x"), nb::arg("w"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
         "x @ dequantize(w).T for float32 x of at most 8 rows (lazy MLX array).");
+  m.def("half_matvec", &half_matvec, nb::arg("x"), nb::arg("w"),
+        "x @ w.T in float32 for float16 or bfloat16 x of at most 8 rows and w of x's dtype.");
   m.def("simd", &simd_name, "The instruction set the kernel's dispatch picks on this CPU.");
   m.def("set_threads", [](int n) { g_threads = n < 1 ? 1 : n; }, nb::arg("threads"));
   m.def("threads", [] { return g_threads.load(); });
