@@ -11,7 +11,7 @@ llama-cpp-python, its default recipe) makes q8_0 and q4_0 from it. Nothing is in
 Two settings are ours, about the tokenizer: the folders here carry tiny-code's tokenizer.json
 (byte-level BPE with GPT-2's pre-tokenizer regex), so the converter is told so: a Llama
 folder's vocabulary is read as GPT-2-style BPE (the converter would first try
-sentencepiece, which is not installed), and the pre-tokenizer is named "gpt2" (the
+sentencepiece, which is not installed), and the pre-tokenizer is named "gpt-2" (the
 converter recognises it by hashing how it splits a test string, and knows only published
 models' hashes). The benchmarks feed token ids; the tokenizer only has to load.
 """
@@ -54,7 +54,7 @@ def _convert_child(folder: str, out: str) -> None:
 
     # The tokenizer's kind, named rather than guessed: see the module docstring.
     LlamaModel.set_vocab = TextModel._set_vocab_gpt2
-    TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt2"
+    TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
     sys.argv = ["convert_hf_to_gguf.py", folder, "--outtype", "f32", "--outfile", out]
     convert_hf_to_gguf.main()
 
