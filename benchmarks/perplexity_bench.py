@@ -121,6 +121,7 @@ def worker(graph: str, windows_file: str, options: str) -> int:
 def llama_worker(gguf: str, windows_file: str) -> int:
     """Child process: the summed NLL per window under llama.cpp (llama-cpp-python) on a
     GGUF file, every position's logits from one batch per window, as JSON."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as benchmarks/engines/llama_cpp_engine
     import numpy as np
     from llama_cpp import Llama
 

@@ -2,7 +2,7 @@
 with llama.cpp's float32, q8_0 and q4_0 files of the same model.
 
     python benchmarks/quantized_bench.py [--models tiny-code,small] [--prompt 128]
-        [--decode 64] [--runs 3] [--json]
+        [--decode 64] [--runs 3] [--workdir DIR] [--json]
 
 Part 1, the issue's product (W 1024 x 2816, one row of x): float32 through the preloaded
 BLAS (the router's sgemv), MLX's ``mx.quantized_matmul`` and mlxgraph's native kernel at
@@ -137,10 +137,11 @@ def bench_model(name: str, args, workdir: Path) -> dict:
     prompt = [rng.randrange(3, vocab) for _ in range(args.prompt)]
     files = {}
     for mode in ("float32", "q8", "q4"):
-        files[mode] = workdir / f"{name}-{mode}.mlxg"
-        recipe = None if mode == "float32" else QuantizeRecipe(mode)
-        export(str(folder), files[mode], quantize=recipe,
-               max_seq_len=args.prompt + args.decode + 8)
+        files[mode] = workdir / f"{name}-{mode}-{args.prompt + args.decode + 8}.mlxg"
+        if not files[mode].is_file():
+            recipe = None if mode == "float32" else QuantizeRecipe(mode)
+            export(str(folder), files[mode], quantize=recipe,
+                   max_seq_len=args.prompt + args.decode + 8)
     llama_missing = missing()
     if not llama_missing:
         files.update(convert(folder, workdir / "gguf"))
@@ -172,11 +173,14 @@ def _matvec_child() -> dict:
 
 
 def measure(args) -> dict:
-    """Both parts; graphs and GGUF files go to a temporary folder."""
+    """Both parts; folders, graphs and GGUF files go to ``--workdir`` (kept and reused) or
+    a temporary folder."""
     doc = {"matvec": _matvec_child(), "models": []}
     with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(args.workdir or tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
         for name in args.models.split(","):
-            doc["models"].append(bench_model(name, args, Path(tmp)))
+            doc["models"].append(bench_model(name, args, workdir))
     return doc
 
 
@@ -213,6 +217,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3, help="measured runs per engine (best counts)")
+    ap.add_argument("--workdir", help="keep (and reuse) folders, graphs and GGUF files here")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--matvec-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
