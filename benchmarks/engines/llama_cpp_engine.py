@@ -20,6 +20,7 @@ def main() -> int:
     """Run the benchmark and print the result line."""
     args = parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before llama.cpp loads libgomp
+    import llama_cpp
     import numpy as np
     from llama_cpp import Llama
 
@@ -28,11 +29,16 @@ def main() -> int:
                 n_batch=max(512, len(args.prompt)), n_threads=threads,
                 n_threads_batch=threads, verbose=False)
 
+    def last_logits():
+        # llama-cpp-python keeps no scores without logits_all: read llama.cpp's own buffer.
+        ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),))
+
     def once(prompt, n, timer):
         llm.reset()
         llm.eval(prompt)
         for i in range(n):
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            tok = int(np.argmax(last_logits()))
             timer.token(tok)
             if i + 1 < n:
                 llm.eval([tok])
