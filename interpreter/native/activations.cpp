@@ -37,13 +37,6 @@ constexpr int VL = 16;  // floats per step (one AVX-512 register, two AVX2 ones)
 typedef float vf __attribute__((vector_size(4 * VL)));
 typedef int32_t vi __attribute__((vector_size(4 * VL)));
 
-#if defined(__x86_64__)
-#define MLXG_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define MLXG_CLONES
-#endif
-
 constexpr float LOG2E = 1.44269504088896341f;
 constexpr float LN2_HI = 0.693145751953125f;       // ln2's leading bits: n * LN2_HI is exact
 constexpr float LN2_LO = 1.42860676533018700e-06f; // ln2 - LN2_HI

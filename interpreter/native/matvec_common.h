@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "simd_name.h"
+
 namespace mlxgraph_native {
 
 constexpr int MAX_ROWS = 8;   // the small-batch bound: more rows go to MLX's own op
@@ -19,14 +21,6 @@ constexpr int LANES = 8;      // words per vector step (32-byte vectors of uint3
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef float v8f __attribute__((vector_size(32)));
-
-#if defined(__x86_64__)
-// x86-64-v4: AVX-512 (F, BW, DQ, VL); v3: AVX2 with FMA; default: SSE2.
-#define MLXG_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define MLXG_CLONES
-#endif
 
 // A small pool: the caller runs one share, the workers the others; workers sleep between calls.
 class Pool {

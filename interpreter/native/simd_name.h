@@ -4,6 +4,15 @@
 
 #include <string>
 
+// The clone set simd_name() reports on: x86-64-v4 (AVX-512 F, BW, DQ, VL), v3 (AVX2 with
+// FMA), default (SSE2); one definition for every native kernel.
+#if defined(__x86_64__)
+#define MLXG_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MLXG_CLONES
+#endif
+
 inline std::string simd_name() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
