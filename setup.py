@@ -9,8 +9,9 @@ install still succeeds and mlxgraph runs without it (the stats say so).
   extension, compiled against the headers of the MLX wheel and in MLX's nanobind domain
   (both are build requirements, pyproject.toml). Without it, QuantizedLinear and
   half-precision Linear run on MLX's own ops.
-- float32 sigmoid and SiLU (interpreter/native/activations.cpp), an MLX primitive built the
-  same way: MLX's x86-64 CPU exp runs one element at a time. Without it, MLX's own ops.
+- float32 sigmoid and SiLU (interpreter/native/activations.cpp) and the attention softmax
+  (attention_softmax.cpp), MLX primitives built the same way: MLX's x86-64 CPU exp runs one
+  element at a time. Without them, MLX's own ops.
 
 Everything else is declared in pyproject.toml.
 """
@@ -36,7 +37,11 @@ ROUTER = Extension(
 
 # Headers a native module's source includes (a change rebuilds it).
 HEADERS = {"quantized_matvec": ["interpreter/native/half_matvec.h",
-                                "interpreter/native/matvec_common.h"]}
+                                "interpreter/native/matvec_common.h"],
+           "activations": ["interpreter/native/vec_exp.h",
+                           "interpreter/native/attention_softmax.h"]}
+# Further sources of a native module (the attention softmax shares activations' vector exp).
+SOURCES = {"activations": ["interpreter/native/attention_softmax.cpp"]}
 
 
 def mlx_primitives() -> list:
@@ -53,7 +58,8 @@ def mlx_primitives() -> list:
         return []
     return [Extension(
         f"mlxgraph.interpreter._{name}",
-        sources=[f"interpreter/native/{name}.cpp", str(nb / "src" / "nb_combined.cpp")],
+        sources=[f"interpreter/native/{name}.cpp", *SOURCES.get(name, []),
+                 str(nb / "src" / "nb_combined.cpp")],
         depends=["interpreter/native/simd_name.h", *HEADERS.get(name, [])],
         include_dirs=[str(mlx_include), str(nb / "include"),
                       str(nb / "ext" / "robin_map" / "include")],

@@ -15,6 +15,7 @@ import sys
 
 from mlxgraph.tools.generate_report import (
     half_matvec_stats,
+    native_ops_stats,
     print_cache_notes,
     print_stats,
     quantized_stats,
@@ -249,6 +250,7 @@ def _run(args, blas) -> int:
     doc["stats"]["compute"] = program.compute_info()
     doc["stats"]["quantized"] = quantized_stats(program)
     doc["stats"]["half_matvec"] = half_matvec_stats(program)
+    doc["stats"]["native_ops"] = native_ops_stats()
     doc["kv_cache"] = {
         **{k: session.policy[k] for k in ("kv_dtype", "kv_bits", "kv_group_size")},
         "approximations": {str(k): v for k, v in session.approximations.items()},

@@ -45,6 +45,14 @@ def half_matvec_stats(program) -> dict | None:
     return {"native": kernel.half_fn is not None, "kernel": kernel.describe_half()}
 
 
+def native_ops_stats() -> dict:
+    """Whether float32 sigmoid/SiLU and the attention softmax run on the native kernels."""
+    from mlxgraph.interpreter import native_activations
+
+    return {"native": native_activations.native_module() is not None,
+            "kernel": native_activations.describe()}
+
+
 def print_stats(stats, doc, blas, err) -> None:
     """The stats lines for a person (stderr)."""
     s = doc["stats"]
@@ -70,6 +78,8 @@ def print_stats(stats, doc, blas, err) -> None:
         print(f"quantized    {s['quantized']['kernel']}", file=err)
     if s.get("half_matvec"):
         print(f"half matvec  {s['half_matvec']['kernel']}", file=err)
+    if s.get("native_ops"):
+        print(f"native ops   {s['native_ops']['kernel']}", file=err)
     print_compute_note(s["compute"], err)
 
 

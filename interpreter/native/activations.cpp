@@ -5,10 +5,7 @@
 // Why: the mlx[cpu] wheel for x86-64 computes exp (and so sigmoid) one element at a time,
 // with a library call per fused multiply-add: ~16-20 M elements/s here, so the SiLU of a
 // 128-token prefill of a 1024/2816 model took ~20% of the prefill. This kernel computes
-// exp(-|x|) in vector registers (GCC target clones: AVX-512, AVX2, baseline):
-//   |x| = n ln2 + r, |r| <= ln2 / 2 (ln2 split in two parts so n ln2 is exact enough),
-//   exp(-r) by its Taylor series to degree 7 (truncation < 0.2 ulp on that interval),
-//   2^-n from the exponent bits (in two factors, so results down to the subnormals are right),
+// exp(-|x|) in vector registers (vec_exp.h; GCC target clones: AVX-512, AVX2, baseline),
 // then sigmoid(x) = 1 / (1 + e) for x >= 0, e / (1 + e) below, e = exp(-|x|). Max error
 // about 3 ulp against float64 (tests/test_native_activations.py); NaN stays NaN.
 
@@ -19,57 +16,28 @@
 #include <string>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include "mlx/allocator.h"
 #include "mlx/array.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
+#include "attention_softmax.h"
 #include "mlx/primitives.h"
 #include "simd_name.h"
+#include "vec_exp.h"
 
 namespace mx = mlx::core;
 namespace nb = nanobind;
 
 namespace {
 
-constexpr int VL = 16;  // floats per step (one AVX-512 register, two AVX2 ones)
-typedef float vf __attribute__((vector_size(4 * VL)));
-typedef int32_t vi __attribute__((vector_size(4 * VL)));
-
-constexpr float LOG2E = 1.44269504088896341f;
-constexpr float LN2_HI = 0.693145751953125f;       // ln2's leading bits: n * LN2_HI is exact
-constexpr float LN2_LO = 1.42860676533018700e-06f; // ln2 - LN2_HI
-// Past this, exp(-|x|) and |x| exp(-|x|) both round to 0 in float32 (below 2^-150).
-constexpr float MAX_ARG = 112.0f;
-
-inline vf splat(float v) { return vf{} + v; }
-
-// 2^-m for 0 <= m <= 126, from the exponent bits (a normal float; m <= 81 here).
-inline __attribute__((always_inline)) vf exp2_neg(vi m) { return (vf)((127 - m) << 23); }
+using namespace mlxgraph_exp;
 
 // sigmoid of VL values; silu multiplies by x.
 inline __attribute__((always_inline)) vf sigmoid_vec(vf x, bool silu) {
-  vf a = x < 0 ? -x : x;
-  vi inside = a < MAX_ARG;                      // false for NaN too (restored at the end)
-  a = inside ? a : splat(MAX_ARG);
-  vi n = __builtin_convertvector(a * LOG2E + 0.5f, vi);  // round(a / ln2), a >= 0
-  vf nf = __builtin_convertvector(n, vf);
-  vf r = (a - nf * LN2_HI) - nf * LN2_LO;       // |x| = n ln2 + r
-  // exp(-r) = sum (-r)^k / k!, Horner from degree 7
-  vf p = splat(-1.0f / 5040.0f);
-  p = p * r + 1.0f / 720.0f;
-  p = p * r - 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r - 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r - 1.0f;
-  p = p * r + 1.0f;
-  // exp(-|x|) = p 2^-n1 2^-n2, n1 + n2 = n: each factor normal, and the last product
-  // rounds once into the subnormal range where exp(-|x|) lies there.
-  vi n1 = n >> 1;
-  vf pn = p * exp2_neg(n1), tail = exp2_neg(n - n1);
-  tail = inside ? tail : vf{};                  // exp(-|x|) = 0 past MAX_ARG, whatever x is
+  auto [pn, tail] = exp_neg(x < 0 ? -x : x);  // e = exp(-|x|) = pn * tail (0 for NaN)
   vf s = 1.0f / (1.0f + pn * tail);
   vf y;
   if (silu) {
@@ -145,5 +113,8 @@ NB_MODULE(_activations, m) {
         "sigmoid(x) for float32 x (lazy MLX array).");
   m.def("silu", [](const mx::array& x) { return activation(x, true); }, nb::arg("x"),
         "x * sigmoid(x) for float32 x (lazy MLX array).");
+  m.def("attention_softmax", &mlxgraph_softmax::attention_softmax, nb::arg("scores"),
+        nb::arg("causal"), nb::arg("mask").none(), nb::arg("sinks").none(),
+        "Masked softmax of float32 attention scores [B, H, T, S] (lazy MLX array).");
   m.def("simd", &simd_name, "The instruction set the kernel's dispatch picks on this CPU.");
 }
