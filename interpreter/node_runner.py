@@ -16,21 +16,75 @@ TENSOR, TENSOR_LIST, VALUE = FieldKind.TENSOR, FieldKind.TENSOR_LIST, FieldKind.
 OUT, VALUE_OUT = FieldKind.OUT, FieldKind.VALUE_OUT
 
 
-def run_nodes(program, tensors, values, ctx, observer=None, flags=None, check_sizes=False):
+# Ops whose output rows are their input rows' own (x @ W.T): the graph output's head.
+ROW_WISE_HEADS = ("LinearNode", "QuantizedLinearNode")
+
+
+def last_row_head(nodes, outputs) -> int | None:
+    """The index of the node that computes the graph's only output row by row from its
+    input ``x`` (a Linear: the LM head), when nothing else reads that output; else None.
+
+    A step that wants only the last token's output (``Session.step(..., last_only=True)``)
+    then feeds this node the last row of ``x`` alone: a prefill's LM head costs one row
+    instead of T.
+    """
+    if len(outputs) != 1:
+        return None
+    (slot,) = outputs.values()
+    head = None
+    for node in nodes:
+        if slot in _slots_read(node):
+            return None
+        if slot in node.out_slots:
+            ok = node.out_kind is OUT and node.record.op in ROW_WISE_HEADS
+            head = node.index if ok else None
+    return head
+
+
+def _slots_read(node) -> set:
+    slots = {where for _, where in node.tensor_reads}
+    for _, how, where in node.reads:
+        if how is TENSOR_LIST:
+            slots.update(where)
+        elif how is not VALUE:
+            slots.update(w for h, w in where if h is TENSOR)
+    return slots
+
+
+def last_position(outs, n_new: int, fail):
+    """The outputs (an array or a dict of them) at the step's last token: axis -2 is the
+    token axis; an output already cut to that row by its head stays as it is.
+
+    Raises:
+        ``fail(message)``: an output whose second-to-last axis is not the step's tokens.
+    """
+    if isinstance(outs, dict):
+        return {name: last_position(a, n_new, fail) for name, a in outs.items()}
+    if outs.ndim < 2 or outs.shape[-2] not in (1, n_new):
+        raise fail(f"last_only: the output of shape {tuple(outs.shape)} has no token axis "
+                   f"of {n_new} second to last")
+    return outs if outs.shape[-2] == 1 else outs[..., -1:, :]
+
+
+def run_nodes(program, tensors, values, ctx, observer=None, flags=None, check_sizes=False,
+              last_row=0):
     """Run every node of ``program`` in order, filling ``tensors`` and ``values`` in place.
 
     Args:
-        program: the Program (its nodes and path).
+        program: the Program (its nodes, path and last_row_head).
         tensors, values: the step's slots, inputs and constants already placed.
         ctx: what stateful kernels see (a StepContext).
         observer: optional ``fn(node_index, node_record, outputs)`` after each node.
         flags: a list collecting (node, lazy bool) index-guard flags (None: a throwaway list).
         check_sizes: check each output against the verifier's bounds.
+        last_row: 0, or the step's token count T when only the last token's output is
+            wanted: the output's head (:func:`last_row_head`) then computes that row alone.
     Raises:
         CacheError: a store refused the write (located: file, node, op).
         GraphRuntimeError: a kernel failed (file, node index, op, provenance).
     """
     flags = [] if flags is None else flags
+    head = program.last_row_head if last_row > 1 else None
     for node in program.nodes:
         kw = node.fixed.copy()
         for name, slot in node.tensor_reads:
@@ -45,6 +99,8 @@ def run_nodes(program, tensors, values, ctx, observer=None, flags=None, check_si
                             for h, w in where]
         if node.needs_context:
             kw["ctx"] = ctx
+        if node.index == head and kw["x"].ndim >= 2 and kw["x"].shape[-2] == last_row:
+            kw["x"] = kw["x"][..., -1:, :]
         try:
             if node.guard is not None:
                 guard_node_indices(node, kw, flags, _guard_rows(program, node, ctx))

@@ -18,6 +18,7 @@ import numpy as np
 
 from mlxgraph.interpreter.errors import GraphRuntimeError, PipelineError, SessionError
 from mlxgraph.interpreter.kv_cache import CacheError
+from mlxgraph.interpreter.node_runner import last_position
 from mlxgraph.interpreter.session import Session
 from mlxgraph.interpreter.session_options import window_per_layer
 from mlxgraph.interpreter.step_inputs import bind_inputs, checked_tokens, host_positions
@@ -105,7 +106,7 @@ class PipelineSession(Session):
         with self._exclusive():
             self._usable()
 
-    def _step(self, tokens, positions, observer):
+    def _step(self, tokens, positions, observer, last_only=False):
         start, begun, flags, error = self._length, [], [], None
         n_new, digest, built = 0, 0, None
         try:
@@ -139,6 +140,12 @@ class PipelineSession(Session):
         if failed:
             self._rollback(begun)
             raise self._index_error(failed, start, n_new)
+        if last_only:   # the stages exchange declared shapes: the head computes every row
+            try:
+                outputs = last_position(outputs, n_new, self._fail)
+            except BaseException:
+                self._rollback(begun)
+                raise
         for store in self.stores.values():
             store.commit()
         if len(self.program.checked_shapes) < 4096:

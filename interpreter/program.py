@@ -14,6 +14,7 @@ import mlx.core as mx
 from mlxgraph.interpreter.errors import GraphRuntimeError
 from mlxgraph.interpreter.mlx_dtypes import HALF_DTYPES, dtype_name, to_mx_dtype, widened
 from mlxgraph.interpreter.node_plan import ResolvedNode, resolve_node
+from mlxgraph.interpreter.node_runner import last_row_head
 from mlxgraph.interpreter.session import Session
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.reader import open_graph
@@ -61,6 +62,8 @@ class Program:
         self.outputs = graph.outputs
         self.stage = stage                  # this rank's StagePlan in a pipeline, else None
         self.link = link                    # its PipelineLink (interpreter/pipeline_link.py)
+        # The node computing the output row by row (the LM head), or None (node_runner.py).
+        self.last_row_head = last_row_head(nodes, graph.outputs)
 
     @classmethod
     def load(cls, path, element_limit=None, compute_dtype=None, pipeline=None,

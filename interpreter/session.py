@@ -12,7 +12,7 @@ from mlxgraph.interpreter.errors import SessionError
 from mlxgraph.interpreter.index_guard import PendingChecks, failed_check_error, poison
 from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, make_store
 from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
-from mlxgraph.interpreter.node_runner import run_nodes
+from mlxgraph.interpreter.node_runner import last_position, run_nodes
 from mlxgraph.interpreter.session_lock import SessionLock
 from mlxgraph.interpreter.session_options import (
     MAX_CAPACITY,
@@ -160,7 +160,7 @@ class Session(SessionState):
         return n
 
     # ------------------------------------------------------------------ step
-    def step(self, tokens, positions, observer=None):
+    def step(self, tokens, positions, observer=None, last_only=False):
         """Run the main chain on one step of tokens.
 
         Args:
@@ -168,6 +168,9 @@ class Session(SessionState):
             positions: [T] host ints (list, range, numpy); must be length .. length+T-1.
             observer: optional ``fn(node_index, node_record, outputs)`` called after each
                 node with its outputs (a list); for tools that compare runs.
+            last_only: return the output at the last token only (``[1, 1, vocab]``); when
+                the output's last node is a Linear (the LM head), it then computes that
+                row alone, as a prefill needs it (the cache is filled for every token).
         Returns:
             The graph's output (``logits`` [1, T, vocab]) as a lazy mx.array; a dict when
             the graph has several outputs.
@@ -177,7 +180,7 @@ class Session(SessionState):
             Any exception (KeyboardInterrupt included) leaves the session as it was.
         """
         with self._exclusive():
-            return self._step(tokens, positions, observer)
+            return self._step(tokens, positions, observer, last_only)
 
     def _exclusive(self):
         """The session's lock for one call (session_lock.py): one call at a time, any thread."""
@@ -202,7 +205,7 @@ class Session(SessionState):
             rewound = "the session could not rewind that far and was reset"
         raise failed_check_error(self.program, start, n_new, node, rewound, self._fail)
 
-    def _step(self, tokens, positions, observer):
+    def _step(self, tokens, positions, observer, last_only=False):
         self._raise_failed_checks(keep_latest=True)
         positions = host_positions(positions, self._length, self._fail)
         n_new = len(positions)
@@ -221,7 +224,11 @@ class Session(SessionState):
             for store in self.stores.values():
                 store.begin(n_new)
                 begun.append(store)
-            self._run(tensors, values, observer, flags, shapes not in checked)
+            self._run(tensors, values, observer, flags, shapes not in checked,
+                      n_new if last_only else 0)
+            outs = {name: tensors[slot] for name, slot in self.program.outputs.items()}
+            if last_only:
+                outs = last_position(outs, n_new, self._fail)
         except BaseException:
             # KeyboardInterrupt and SystemExit too: a store left open refuses every later step.
             for store in begun:
@@ -231,15 +238,15 @@ class Session(SessionState):
             store.commit()
         if len(checked) < 4096:
             checked.add(shapes)
-        outs = {name: tensors[slot] for name, slot in self.program.outputs.items()}
         if flags:
             outs = poison(outs, [f for _, f in flags])
             self._pending.add(self._length, n_new, flags)
         self._length += n_new
         return next(iter(outs.values())) if len(outs) == 1 else outs
 
-    def _run(self, tensors, values, observer, flags, check_sizes):
-        run_nodes(self.program, tensors, values, self._ctx, observer, flags, check_sizes)
+    def _run(self, tensors, values, observer, flags, check_sizes, last_row=0):
+        run_nodes(self.program, tensors, values, self._ctx, observer, flags, check_sizes,
+                  last_row)
 
 
 __all__ = ["Session", "StepContext", "SessionError"]

@@ -42,18 +42,19 @@ class GenerationStats:
 
 
 def _step(session, tokens, sampler):
-    """One lazy step: feed ``tokens`` ([1, T]) and sample from the last position's logits."""
+    """One lazy step: feed ``tokens`` ([1, T]) and sample from the last position's logits
+    (the only ones computed: the LM head runs on that row alone)."""
     start = session.length
-    logits = session.step(tokens, range(start, start + tokens.shape[1]))
+    logits = session.step(tokens, range(start, start + tokens.shape[1]), last_only=True)
     return sampler(logits[:, -1, :])
 
 
 def prefill(session, prompt_ids, chunk: int) -> None:
-    """Feed all but the last prompt token, ``chunk`` tokens per evaluated step."""
-    body = prompt_ids[:-1]
-    for i in range(0, len(body), chunk):
-        piece = mx.array([body[i : i + chunk]], dtype=mx.int32)
-        logits = session.step(piece, range(session.length, session.length + piece.shape[1]))
+    """Feed ``prompt_ids``, ``chunk`` tokens per evaluated step (the cache only: no logits)."""
+    for i in range(0, len(prompt_ids), chunk):
+        piece = mx.array([prompt_ids[i : i + chunk]], dtype=mx.int32)
+        logits = session.step(piece, range(session.length, session.length + piece.shape[1]),
+                              last_only=True)
         arrays = session.cache_state()
         mx.eval(arrays if arrays else logits)
 
@@ -96,12 +97,17 @@ def generate(
         sampler.begin(prompt_ids)
     fed_ahead = False
     t0 = time.perf_counter()
-    prefill(session, list(prompt_ids), max(1, int(prefill_chunk)))
+    chunk, ids = max(1, int(prefill_chunk)), list(prompt_ids)
+    # The prompt's last step (its last chunk, or its last token alone when on_prefilled
+    # must see the cache without it) is sampled from: one forward pass, as other engines
+    # prefill, not a chunk and then a one-token step.
+    last = len(ids) - 1 if on_prefilled is not None else (len(ids) - 1) // chunk * chunk
+    prefill(session, ids[:last], chunk)
     if on_prefilled is not None:
         t_hook = time.perf_counter()
         on_prefilled(session)
         t0 += time.perf_counter() - t_hook
-    y = _step(session, mx.array([prompt_ids[-1:]], dtype=mx.int32), sampler)
+    y = _step(session, mx.array([ids[last:]], dtype=mx.int32), sampler)
     mx.async_eval(y)
     t_first = None
     try:
