@@ -37,7 +37,9 @@ ROUTER = Extension(
 
 # Headers a native module's source includes (a change rebuilds it).
 HEADERS = {"quantized_matvec": ["interpreter/native/half_matvec.h",
-                                "interpreter/native/matvec_common.h"],
+                                "interpreter/native/half_widen.h",
+                                "interpreter/native/matvec_common.h",
+                                "interpreter/native/quantized_kernel.h"],
            "activations": ["interpreter/native/vec_exp.h",
                            "interpreter/native/attention_softmax.h"]}
 # Further sources of a native module (the attention softmax shares activations' vector exp).

@@ -83,10 +83,10 @@ def native_kernel() -> NativeKernel:
 
 def eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -> bool:
     """Whether the native kernel computes this product: float32 x, float32 or float16
-    scales, few rows, a group of whole 8-word vectors (q4: group 64 or 128; q8: any)."""
+    scales, few rows, a group of whole 16-byte blocks (every format bits and group size)."""
     return (kernel.fn is not None and x.dtype == mx.float32 and scales.dtype in _KERNEL_SCALES
             and x.ndim >= 1 and 1 <= x.size // max(x.shape[-1], 1) <= kernel.max_rows
-            and (group_size * bits // 32) % 8 == 0)
+            and (group_size * bits // 8) % 16 == 0)
 
 
 def prefill_sized(x) -> bool:

@@ -55,6 +55,62 @@ def test_native_equals_mlx_quantized_matmul(bits, group_size, rows, threads, sca
     assert err < 1e-5, err
 
 
+def _levels():
+    if NATIVE.fn is None:
+        return []
+    import mlxgraph.interpreter._quantized_matvec as ext
+
+    return ext.levels()
+
+
+@needs_native
+@pytest.mark.parametrize("level", _levels())
+@pytest.mark.parametrize("bits", [4, 8])
+def test_every_level_equals_the_float64_product_over_random_shapes(level, bits):
+    """Each instruction-set level's code (AVX-512, AVX2, generic; those this CPU runs)
+    against the dequantized weight's product in float64: every group size, 1-8 rows, odd
+    and tiny row counts of W (tiles of 4 and a remainder), 1 and 2 threads (shapes big
+    enough to be split), float32 and float16 scales."""
+    import mlxgraph.interpreter._quantized_matvec as ext
+
+    rng = np.random.default_rng(bits)
+    try:
+        for trial in range(24):
+            group_size = (32, 64, 128)[trial % 3]
+            rows = trial % 8 + 1
+            n = int(rng.choice([1, 3, 5, 37, 301, 333]))
+            k = group_size * int(rng.integers(1, 12)) if n < 300 else 1024
+            w = mx.array(rng.standard_normal((n, k)).astype(np.float32) * 0.05)
+            x = mx.array(rng.standard_normal((rows, k)).astype(np.float32))
+            q, s, b = mx.quantize(w, group_size=group_size, bits=bits)
+            half = trial % 2 == 1
+            s, b = (s.astype(mx.float16), b.astype(mx.float16)) if half else (s, b)
+            wide = mx.dequantize(q, s.astype(mx.float32), b.astype(mx.float32),
+                                 group_size=group_size, bits=bits)
+            w64, x64 = np.array(wide, np.float64), np.array(x, np.float64)
+            want = x64 @ w64.T
+            bound = 1e-6 * (np.abs(x64) @ np.abs(w64).T) + 1e-7
+            for threads in (1, 2):
+                ext.set_level(level)
+                ext.set_threads(threads)
+                got = np.array(NATIVE.fn(x, q, s, b, group_size, bits))
+                where = f"{level} q{bits} g{group_size} {rows}x{k} @ {n}x{k}.T, {threads} t"
+                assert got.shape == (rows, n), where
+                assert np.all(np.abs(got - want) <= bound), where
+    finally:
+        ext.set_level(ext.levels()[0])
+        ext.set_threads(NATIVE.threads)
+
+
+@needs_native
+def test_levels_and_their_switch():
+    import mlxgraph.interpreter._quantized_matvec as ext
+
+    assert ext.levels()[-1] == "generic" and ext.level() == ext.levels()[0]
+    with pytest.raises(ValueError, match="not a level this CPU runs: sse9"):
+        ext.set_level("sse9")
+
+
 @needs_native
 def test_native_reads_strided_inputs_and_stays_lazy():
     x, w, s, b = case(2, 64, 256, 4, 64)
@@ -72,7 +128,9 @@ def test_eligibility():
     assert not eligible(NATIVE, nine, s, 64, 4)                          # prefill: BLAS
     assert not eligible(NATIVE, x, s.astype(mx.bfloat16), 64, 4)         # bfloat16 scales
     assert not eligible(NATIVE, x.astype(mx.float16), s, 64, 4)          # half precision
-    assert not eligible(NATIVE, x, s, 32, 4)                             # 4 words a group
+    for bits in (4, 8):                                  # every format group: 16-byte blocks
+        for group_size in (32, 64, 128):
+            assert eligible(NATIVE, x, s, group_size, bits) == (NATIVE.fn is not None)
 
 
 def test_the_kernel_gives_the_dequantized_product_on_both_paths():

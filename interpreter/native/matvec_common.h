@@ -1,10 +1,13 @@
-// What mlxgraph's native matrix-vector kernels share (quantized_matvec.cpp, half_matvec.h):
-// vector types, the run-time dispatch, the row bound, and the thread pool that splits the
-// rows of W. One translation unit includes it.
+// What mlxgraph's native matrix-vector kernels share (quantized_kernel.h, half_matvec.h):
+// vector types, the row bound, and the thread pool that splits the rows of W. One
+// translation unit includes it.
 #pragma once
+
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -17,80 +20,112 @@
 namespace mlxgraph_native {
 
 constexpr int MAX_ROWS = 8;   // the small-batch bound: more rows go to MLX's own op
-constexpr int LANES = 8;      // words per vector step (32-byte vectors of uint32)
+constexpr int LANES = 8;      // lanes of the 32-byte vectors below
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef float v8f __attribute__((vector_size(32)));
 
-// A small pool: the caller runs one share, the workers the others; workers sleep between calls.
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// A small pool for back-to-back products: a decode step runs ~60 of them a few tens of
+// microseconds apart, so a worker spins for SPIN after its last job before it sleeps on a
+// condition variable (on a VM, waking a halted virtual CPU goes through the hypervisor).
+// Work is claimed in chunks with an atomic counter: a worker that is not scheduled in time
+// claims nothing and the caller does the work, so a busy machine never waits on a thread.
 class Pool {
  public:
+  static constexpr auto SPIN = std::chrono::microseconds(200);
+
   explicit Pool(int threads) {
-    for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { loop(t); });
+    for (int t = 1; t < threads; ++t) workers_.emplace_back([this] { loop(); });
   }
   ~Pool() {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
+      stop_.store(true);
     }
     cv_.notify_all();
     for (auto& w : workers_) w.join();
   }
   int size() const { return (int)workers_.size() + 1; }
-  // Run fn(share) for share in [0, shares), shares <= size().
-  void run(int shares, const std::function<void(int)>& fn) {
-    if (shares <= 1) {
-      fn(0);
+
+  // fn(c) for every chunk c in [0, chunks), on the caller's thread and the workers.
+  void run(int chunks, const std::function<void(int)>& fn) {
+    if (chunks <= 1 || workers_.empty()) {
+      for (int c = 0; c < chunks; ++c) fn(c);
       return;
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      fn_ = &fn;
-      shares_ = shares;
-      pending_.store(shares - 1);
-      ++generation_;
+    fn_ = &fn;
+    chunks_ = chunks;
+    next_.store(0, std::memory_order_relaxed);
+    open_.store(true);            // seq_cst: pairs with the workers' joined_ / open_ accesses
+    generation_.fetch_add(1);
+    if (sleepers_.load() > 0) {   // seq_cst: a worker going to sleep either sees the new
+      std::lock_guard<std::mutex> lock(mu_);  // generation or is counted here
+      cv_.notify_all();
     }
-    cv_.notify_all();
-    fn(0);
-    while (pending_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+    claim();
+    open_.store(false);           // late workers stay out; those inside finish their chunk
+    while (joined_.load() > 0) cpu_relax();
   }
 
  private:
-  void loop(int id) {
-    uint64_t seen = 0;
-    for (;;) {
-      const std::function<void(int)>* fn;
-      int shares;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        fn = fn_;
-        shares = shares_;
+  void claim() {
+    for (int c; (c = next_.fetch_add(1, std::memory_order_relaxed)) < chunks_;) (*fn_)(c);
+  }
+
+  void loop() {
+    uint64_t seen = generation_.load();
+    while (!stop_.load()) {
+      const auto until = std::chrono::steady_clock::now() + SPIN;
+      for (int i = 0; generation_.load() == seen && !stop_.load(); ++i) {
+        cpu_relax();
+        if ((i & 255) == 255 && std::chrono::steady_clock::now() > until) {
+          std::unique_lock<std::mutex> lock(mu_);
+          sleepers_.fetch_add(1);
+          cv_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
+          sleepers_.fetch_sub(1);
+          break;
+        }
       }
-      if (id < shares) {
-        (*fn)(id);
-        pending_.fetch_sub(1, std::memory_order_release);
-      }
+      seen = generation_.load();
+      joined_.fetch_add(1);       // before reading open_: the caller waits for it
+      if (open_.load()) claim();
+      joined_.fetch_sub(1);
     }
   }
+
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
   const std::function<void(int)>* fn_ = nullptr;
-  int shares_ = 0;
-  uint64_t generation_ = 0;
-  std::atomic<int> pending_{0};
-  bool stop_ = false;
+  int chunks_ = 0;
+  std::atomic<int> next_{0}, joined_{0}, sleepers_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> open_{false}, stop_{false};
 };
 
 inline std::atomic<int> g_threads{1};
 inline Pool* g_pool = nullptr;
 inline std::mutex g_pool_mu;   // held for a whole product: the pool serves one caller at a time
-                        // (two CPU streams may run products concurrently)
+                               // (two CPU streams may run products concurrently)
+
+// A forked child has none of the parent's workers (and a lock may have been held): it
+// starts a pool of its own; the parent's is left unused, not destroyed.
+inline void forget_pool_in_child() {
+  new (&g_pool_mu) std::mutex();
+  g_pool = nullptr;
+}
 
 inline Pool& pool() {  // call with g_pool_mu held
+  static const bool registered = pthread_atfork(nullptr, nullptr, forget_pool_in_child) == 0;
+  (void)registered;
   if (g_pool == nullptr || g_pool->size() != g_threads) {
     delete g_pool;
     g_pool = new Pool(g_threads);
@@ -98,15 +133,24 @@ inline Pool& pool() {  // call with g_pool_mu held
   return *g_pool;
 }
 
-// fn(lo, hi) over the rows [0, n) of a W of ``weights`` values, split over the pool.
-inline void parallel_rows(int n, long weights, const std::function<void(int, int)>& fn) {
+// fn(lo, hi) over the rows [0, n) of a W of ``weights`` values, in chunks of a multiple of
+// ``align`` rows claimed by the pool's threads.
+inline void parallel_rows(int n, long weights, const std::function<void(int, int)>& fn,
+                          int align = 1) {
   std::lock_guard<std::mutex> lock(g_pool_mu);
   Pool& workers = pool();
-  // Below ~1M weights a thread's wake-up costs more than its share of the work.
-  const int shares = weights < (1L << 20) ? 1 : std::min(workers.size(), std::max(1, n / 8));
-  workers.run(shares, [&](int share) {
-    fn((int)((long)n * share / shares), (int)((long)n * (share + 1) / shares));
-  });
+  // Below ~256K weights (~20 us of work) a second thread does not pay for itself.
+  const int threads = weights < (1L << 18) ? 1 : workers.size();
+  if (threads == 1) {
+    fn(0, n);
+    return;
+  }
+  // Chunks of ~128K weights (tens of microseconds): a thread descheduled while it holds
+  // one delays the product by that chunk at most, plus its wait to be scheduled again.
+  const long rows = std::max<long>(16, (1L << 17) / std::max<long>(1, weights / n));
+  const int per = (int)std::min<long>(n, (rows + align - 1) / align * align);
+  const int chunks = (n + per - 1) / per;
+  workers.run(chunks, [&](int c) { fn(c * per, std::min(n, (c + 1) * per)); });
 }
 
 }  // namespace mlxgraph_native
