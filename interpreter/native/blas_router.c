@@ -187,13 +187,18 @@ static void run_chunk(void *ctx, int c) {
                    j->beta, C, j->ldc);
 }
 
-/* The product on `threads` threads: 0 = the BLAS's own threading, else chunks (pool.c). */
+/* The product on `threads` threads: 0 = the BLAS's own threading, else chunks (pool.c).
+ * A matrix-vector product gets 4 chunks per thread, so a helper that runs late holds
+ * little of it. An sgemm gets one chunk per thread: each chunk is a BLAS call that packs
+ * its share of one operand and all of the other again, which costs work (one thread,
+ * OpenBLAS 0.3.34, 8 column chunks against 1: +10% at 128x1024x1024 and 128x2816x1024,
+ * +22% at 128x1024x256, +50-80% at an attention's 128x64x128; 2 chunks: -3..+2%, 12%). */
 static void run_blas(int matvec, int ta, int tb, int M, int N, int K, float alpha,
                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
                      int ldc, int threads) {
     struct chunked j = {ta, tb, M, N, K, lda, ldb, ldc, N < M, 0, matvec, alpha, beta, A, B,
                         C};
-    int side = j.by_rows ? M : N, parts = threads > 1 ? 4 * threads : 1;
+    int side = j.by_rows ? M : N, parts = threads > 1 ? (matvec ? 4 : 1) * threads : 1;
     j.per = (side + parts - 1) / parts;
     if (j.per < MIN_CHUNK) j.per = MIN_CHUNK;
     if (threads > 0) use_blas_threads(1);

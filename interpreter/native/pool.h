@@ -5,8 +5,8 @@
 /* Run fn(ctx, c) for every chunk c in 0..chunks-1 on up to `threads` threads: the caller's
  * and threads - 1 persistent helpers, each claiming the next unclaimed chunk. A helper that
  * is not scheduled in time claims nothing and the caller does the work, so a busy machine
- * costs at most the chunk a helper holds, never a whole share. One job at a time
- * (callers queue). */
+ * costs at most the chunk a helper holds (with more chunks than threads, never a whole
+ * share). One job at a time (callers queue). */
 void pool_run(void (*fn)(void *ctx, int chunk), void *ctx, int chunks, int threads);
 
 #endif
