@@ -34,8 +34,9 @@ inline void cpu_relax() {
 }
 
 // A small pool for back-to-back products: a decode step runs ~60 of them a few tens of
-// microseconds apart, so a worker spins for SPIN after its last job before it sleeps on a
-// condition variable (on a VM, waking a halted virtual CPU goes through the hypervisor).
+// microseconds apart, so a worker spins (yielding) for SPIN after its last job before it
+// sleeps on a condition variable (on a VM, waking a halted virtual CPU goes through the
+// hypervisor).
 // Work is claimed in chunks with an atomic counter: a worker that is not scheduled in time
 // claims nothing and the caller does the work, so a busy machine never waits on a thread.
 class Pool {
@@ -84,9 +85,12 @@ class Pool {
     uint64_t seen = generation_.load();
     while (!stop_.load()) {
       const auto until = std::chrono::steady_clock::now() + SPIN;
-      for (int i = 0; generation_.load() == seen && !stop_.load(); ++i) {
-        cpu_relax();
-        if ((i & 255) == 255 && std::chrono::steady_clock::now() > until) {
+      while (generation_.load() == seen && !stop_.load()) {
+        for (int i = 0; i < 16; ++i) cpu_relax();
+        // Yield, not only spin: a runnable thread of this core (the Python thread building
+        // the next step) runs first, and an idle core comes straight back here.
+        std::this_thread::yield();
+        if (std::chrono::steady_clock::now() > until) {
           std::unique_lock<std::mutex> lock(mu_);
           sleepers_.fetch_add(1);
           cv_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
