@@ -1,9 +1,10 @@
 """The generation loop: chunked prefill, then a pipelined decode, timed.
 
-Prefill runs the prompt except its last token in chunks, evaluating only the KV cache
-between chunks (so the unused logits of those positions are never computed, and memory
-stays bounded by the chunk); the last prompt token is the first "real" step, whose logits
-give the first generated token.
+Prefill runs the prompt in chunks, evaluating only the KV cache between chunks (so the
+unused logits of those positions are never computed, and memory stays bounded by the
+chunk); the last chunk's step (``last_only``: the LM head computes its last row alone)
+gives the first generated token. With ``on_prefilled`` the last prompt token is a step of
+its own, so the hook sees the cache without it.
 
 Decode pipelines: step t+1's graph is built from the still-lazy token of step t and
 handed to ``mx.async_eval`` before the host waits for token t, so graph building on the
