@@ -118,6 +118,19 @@ def test_native_reads_strided_inputs_and_stays_lazy():
     compiled = mx.compile(lambda v: NATIVE.fn(v, w, s, b, 64, 4))  # an evaluation would raise
     want = mx.quantized_matmul(xt, w, s, b, transpose=True, group_size=64, bits=4)
     assert float(mx.abs(compiled(xt) - want).max()) < 1e-5
+    # Views reach the kernel as they are (gathered on the stream's thread): reversed rows,
+    # a transposed [K, rows] buffer, a row broadcast to 3, a strided weight.
+    x3 = case(3, 64, 256, 4, 64)[0]
+    views = [x3[:, ::-1], mx.swapaxes(mx.array(np.array(x3[0]).T), 0, 1)[None],
+             mx.broadcast_to(x3[:, :1], (1, 3, 256))]
+    for v in views:
+        mx.eval(v)
+        want = mx.quantized_matmul(v, w, s, b, transpose=True, group_size=64, bits=4)
+        assert float(mx.abs(NATIVE.fn(v, w, s, b, 64, 4) - want).max()) < 1e-5
+    wide = mx.concatenate([w, w], axis=1)[:, ::2]   # a strided view of the packed weight
+    want = mx.quantized_matmul(x, mx.array(np.array(wide)), s, b, transpose=True,
+                               group_size=64, bits=4)
+    assert float(mx.abs(NATIVE.fn(x, wide, s, b, 64, 4) - want).max()) < 1e-5
 
 
 def test_eligibility():

@@ -26,6 +26,33 @@ namespace mlxgraph_native {
 
 namespace hmx = mlx::core;
 
+// ``a`` itself when it is evaluated and row-contiguous (a graph's constants), else through
+// mx::contiguous: 4 fewer graph nodes per quantized product to build and schedule.
+inline hmx::array row_major(const hmx::array& a, const hmx::Stream& s) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return hmx::contiguous(a, false, s);
+}
+
+// The elements of a view of ``shape`` and ``strides`` (in elements) from ``src``, in
+// row-major order into ``dst``.
+inline void gather(const float* src, const hmx::Shape& shape, const hmx::Strides& strides,
+                   float* dst) {
+  const int nd = (int)shape.size();
+  size_t total = 1;
+  for (int d = 0; d < nd; ++d) total *= shape[d];
+  std::vector<int64_t> index(nd, 0);
+  int64_t at = 0;
+  for (size_t i = 0; i < total; ++i) {
+    dst[i] = src[at];
+    for (int d = nd - 1; d >= 0; --d) {  // the next index, carried like an odometer
+      at += strides[d];
+      if (++index[d] < shape[d]) break;
+      at -= strides[d] * shape[d];
+      index[d] = 0;
+    }
+  }
+}
+
 struct HalfProblem {
   const float* x;        // [M][K], widened
   const uint16_t* w;     // [N][K], float16 or bfloat16 bits
@@ -126,8 +153,7 @@ inline hmx::array half_matvec(const hmx::array& x_in, const hmx::array& w) {
   auto x = hmx::contiguous(x_in, false, s);
   auto shape = x.shape();
   shape.back() = w.shape(0);
-  return hmx::array(shape, hmx::float32, std::make_shared<HalfMatvec>(s),
-                    {x, hmx::contiguous(w, false, s)});
+  return hmx::array(shape, hmx::float32, std::make_shared<HalfMatvec>(s), {x, row_major(w, s)});
 }
 
 }  // namespace mlxgraph_native

@@ -56,7 +56,17 @@ class QuantizedMatvec : public mx::Primitive {
                        biases.data<void>(), out.data<float>(), (int)(x.size() / x.shape(-1)),
                        (int)w.shape(0), (int)x.shape(-1), bits_, group_size_,
                        scales.dtype() == mx::float16};
-    encoder.dispatch([p]() mutable { quantized_product(p); });
+    if (x.flags().row_contiguous) {
+      encoder.dispatch([p]() mutable { quantized_product(p); });
+    } else {  // a view (x is at most 8 rows): its elements gathered on the stream's thread
+      encoder.dispatch([p, shape = x.shape(), strides = x.strides()]() mutable {
+        thread_local std::vector<float> rows;
+        rows.resize((size_t)p.m * p.k);
+        gather(p.x, shape, strides, rows.data());
+        p.x = rows.data();
+        quantized_product(p);
+      });
+    }
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -90,12 +100,10 @@ mx::array quantized_matvec(const mx::array& x_in, const mx::array& w, const mx::
       scales.shape(1) != k / group_size || biases.shape() != scales.shape())
     throw std::invalid_argument("quantized_matvec: shapes do not match");
   auto s = mx::default_stream(mx::Device::cpu);
-  auto x = mx::contiguous(x_in, false, s);
-  auto shape = x.shape();
+  auto shape = x_in.shape();
   shape.back() = w.shape(0);
   return mx::array(shape, mx::float32, std::make_shared<QuantizedMatvec>(s, group_size, bits),
-                   {x, mx::contiguous(w, false, s), mx::contiguous(scales, false, s),
-                    mx::contiguous(biases, false, s)});
+                   {x_in, row_major(w, s), row_major(scales, s), row_major(biases, s)});
 }
 
 }  // namespace
