@@ -51,16 +51,18 @@ def _slots_read(node) -> set:
     return slots
 
 
-def last_position(outs, n_new: int, fail):
+def last_position(outs, n_new: int, fail, cut: bool = False):
     """The outputs (an array or a dict of them) at the step's last token: axis -2 is the
-    token axis; an output already cut to that row by its head stays as it is.
+    token axis. ``cut``: the output's head computed the last row alone (:func:`run_nodes`
+    returned True), so the output is that row already.
 
     Raises:
-        ``fail(message)``: an output whose second-to-last axis is not the step's tokens.
+        ``fail(message)``: an output whose second-to-last axis is not the step's tokens
+        (an axis of 1 for a step of several tokens, unless the head cut it, is not).
     """
     if isinstance(outs, dict):
-        return {name: last_position(a, n_new, fail) for name, a in outs.items()}
-    if outs.ndim < 2 or outs.shape[-2] not in (1, n_new):
+        return {name: last_position(a, n_new, fail, cut) for name, a in outs.items()}
+    if outs.ndim < 2 or outs.shape[-2] != (1 if cut else n_new):
         raise fail(f"last_only: the output of shape {tuple(outs.shape)} has no token axis "
                    f"of {n_new} second to last")
     return outs if outs.shape[-2] == 1 else outs[..., -1:, :]
@@ -79,12 +81,15 @@ def run_nodes(program, tensors, values, ctx, observer=None, flags=None, check_si
         check_sizes: check each output against the verifier's bounds.
         last_row: 0, or the step's token count T when only the last token's output is
             wanted: the output's head (:func:`last_row_head`) then computes that row alone.
+    Returns:
+        True when the head computed the last row alone (its input's axis -2 was the T
+        tokens), else False.
     Raises:
         CacheError: a store refused the write (located: file, node, op).
         GraphRuntimeError: a kernel failed (file, node index, op, provenance).
     """
     flags = [] if flags is None else flags
-    head = program.last_row_head if last_row > 1 else None
+    head, cut = (program.last_row_head if last_row > 1 else None), False
     for node in program.nodes:
         kw = node.fixed.copy()
         for name, slot in node.tensor_reads:
@@ -100,7 +105,7 @@ def run_nodes(program, tensors, values, ctx, observer=None, flags=None, check_si
         if node.needs_context:
             kw["ctx"] = ctx
         if node.index == head and kw["x"].ndim >= 2 and kw["x"].shape[-2] == last_row:
-            kw["x"] = kw["x"][..., -1:, :]
+            kw["x"], cut = kw["x"][..., -1:, :], True
         try:
             if node.guard is not None:
                 guard_node_indices(node, kw, flags, _guard_rows(program, node, ctx))
@@ -122,6 +127,7 @@ def run_nodes(program, tensors, values, ctx, observer=None, flags=None, check_si
                 tensors[slot] = arr
         if observer is not None:
             observer(node.index, node.record, outputs)
+    return cut
 
 
 def _guard_rows(program, node, ctx):

@@ -224,11 +224,11 @@ class Session(SessionState):
             for store in self.stores.values():
                 store.begin(n_new)
                 begun.append(store)
-            self._run(tensors, values, observer, flags, shapes not in checked,
-                      n_new if last_only else 0)
+            cut = self._run(tensors, values, observer, flags, shapes not in checked,
+                            n_new if last_only else 0)
             outs = {name: tensors[slot] for name, slot in self.program.outputs.items()}
             if last_only:
-                outs = last_position(outs, n_new, self._fail)
+                outs = last_position(outs, n_new, self._fail, cut)
         except BaseException:
             # KeyboardInterrupt and SystemExit too: a store left open refuses every later step.
             for store in begun:
@@ -244,9 +244,9 @@ class Session(SessionState):
         self._length += n_new
         return next(iter(outs.values())) if len(outs) == 1 else outs
 
-    def _run(self, tensors, values, observer, flags, check_sizes, last_row=0):
-        run_nodes(self.program, tensors, values, self._ctx, observer, flags, check_sizes,
-                  last_row)
+    def _run(self, tensors, values, observer, flags, check_sizes, last_row=0) -> bool:
+        return run_nodes(self.program, tensors, values, self._ctx, observer, flags,
+                         check_sizes, last_row)
 
 
 __all__ = ["Session", "StepContext", "SessionError"]

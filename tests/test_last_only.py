@@ -90,3 +90,43 @@ def test_generation_prefills_in_one_pass_with_the_same_tokens(tiny, chunk):
                                prefill_chunk=chunk, on_prefilled=lambda s: seen.append(s.length)))
     assert seen == [len(prompt) - 1]
     assert one_pass == last_alone
+
+
+def test_an_output_with_tokens_on_another_axis_is_refused(tmp_path):
+    """logits [T, 1, V] (tokens first): axis -2 has size 1 but is not the tokens, and the
+    head (a Linear on [T, 1, H]) did not cut it, so last_only refuses the step (the
+    whole output returned as 'the last row' would be a wrong answer) and the session stays
+    as it was."""
+    from mlxgraph.interpreter.errors import SessionError
+    from mlxgraph.schema.records import Provenance
+    from mlxgraph.schema.writer import GraphWriter
+
+    rng = np.random.default_rng(3)
+    w = GraphWriter(producer="tests")
+    w.add_symbol("T", 1, 16)
+    tok, pos = w.add_tensor("tokens", "int32", (1, "T")), w.add_tensor("positions", "int32",
+                                                                         ("T",))
+    w.add_input("tokens", tok)
+    w.add_input("positions", pos)
+    embed = w.add_constant("embed", rng.standard_normal((VOCAB, 8)).astype(np.float32))
+    head = w.add_constant("head", rng.standard_normal((VOCAB, 8)).astype(np.float32))
+    x, xt = w.add_tensor("x", "float32", (1, "T", 8)), w.add_tensor("xt", "float32", ("T", 1, 8))
+    w.add_node("Embedding", Provenance("embedding", "embed"), weight=embed, indices=tok, out=x)
+    w.add_node("Permute", x=x, out=xt, perm=[1, 0, 2])
+    logits = w.add_tensor("logits", "float32", ("T", 1, VOCAB))
+    w.add_node("Linear", Provenance("lm_head", "lm_head"), x=xt, weight=head, out=logits)
+    w.add_output("logits", logits)
+    w.metadata.architecture, w.metadata.num_layers = "TokensFirst", 0
+    w.metadata.vocab_size, w.metadata.max_context = VOCAB, 16
+    w.write(tmp_path / "first.mlxg")
+    program = mlxgraph.load(tmp_path / "first.mlxg")
+    assert program.last_row_head is not None   # a Linear head, whose x it cannot cut here
+    session = program.session()
+    toks = mx.array([[1, 2, 3]], dtype=mx.int32)
+    with pytest.raises(SessionError, match="no token axis of 3"):
+        session.step(toks, range(3), last_only=True)
+    assert session.length == 0
+    full = np.array(session.step(toks, range(3)))
+    assert full.shape == (3, 1, VOCAB)
+    one = session.step(mx.array([[4]], dtype=mx.int32), [3], last_only=True)
+    assert one.shape == (1, 1, VOCAB)
