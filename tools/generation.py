@@ -50,6 +50,13 @@ def _step(session, tokens, sampler):
     return sampler(logits[:, -1, :])
 
 
+def _queue_step(session, y, sampler):
+    """The next token after the lazy token ``y``, its step queued (``mx.async_eval``)."""
+    next_y = _step(session, y.reshape(1, 1), sampler)
+    mx.async_eval(next_y)
+    return next_y
+
+
 def prefill(session, prompt_ids, chunk: int) -> None:
     """Feed ``prompt_ids``, ``chunk`` tokens per evaluated step (the cache only: no logits)."""
     for i in range(0, len(prompt_ids), chunk):
@@ -113,17 +120,19 @@ def generate(
     t_first = None
     try:
         for n in range(1, max_tokens + 1):
-            fed_ahead = False
-            if n < max_tokens:
-                # Queue step n+1 on the lazy token n before waiting for token n.
-                next_y = _step(session, y.reshape(1, 1), sampler)
-                mx.async_eval(next_y)
-                fed_ahead = True
+            # Queue step n+1 on the lazy token n before waiting for token n, but not while
+            # the prompt computes: building a step takes CPU time from the prefill (its
+            # first token came ~10% later on this 2-core machine).
+            fed_ahead = 1 < n < max_tokens
+            if fed_ahead:
+                next_y = _queue_step(session, y, sampler)
             token = int(y.item())
             now = time.perf_counter()
             if t_first is None:
                 t_first = now
                 stats.prefill_seconds = now - t0
+                if n < max_tokens:
+                    next_y, fed_ahead = _queue_step(session, y, sampler), True
             stats.decode_seconds = now - t_first
             stats.generated_tokens = n
             yield token
