@@ -8,7 +8,8 @@ its own, so the hook sees the cache without it.
 
 Decode pipelines: step t+1's graph is built from the still-lazy token of step t and
 handed to ``mx.async_eval`` before the host waits for token t, so graph building on the
-host overlaps the evaluation of the previous step.
+host overlaps the evaluation of the previous step; from the second token on, since
+building a step while the prompt computes would take CPU time from the prefill.
 
 Imports mlx: import this only after the BLAS preload (see mlxgraph.interpreter.blas).
 """
