@@ -243,3 +243,52 @@ def test_half_eligibility():
 
 def half_eligible_(x, w):
     return half_eligible(NATIVE, x, w)
+
+
+@needs_native
+def test_concurrent_callers_and_pool_resizes_get_exact_products():
+    """Products from three Python threads (one on a stream of its own) share the pool one
+    caller at a time while a fourth thread resizes it (1-3 threads): each product equals
+    the same call made alone, bitwise (a row's sum does not depend on who computed it), and
+    nothing deadlocks."""
+    import threading
+
+    import mlxgraph.interpreter._quantized_matvec as ext
+
+    cases = [case(rows, n, k, bits, gs, seed=rows, scales=sd)
+             for rows, n, k, bits, gs, sd in [(1, 1030, 1024, 4, 32, mx.float16),
+                                              (3, 517, 1024, 8, 64, mx.float32),
+                                              (8, 1201, 512, 4, 128, mx.float16)]]
+    bits_gs = [(4, 32), (8, 64), (4, 128)]
+    want = [np.array(NATIVE.fn(*c, gs, bits)) for c, (bits, gs) in zip(cases, bits_gs)]
+    errors, stop = [], threading.Event()
+
+    def caller(seed):
+        rng = np.random.default_rng(seed)
+        stream = mx.new_stream(mx.cpu) if seed == 0 else mx.default_stream(mx.cpu)
+        with mx.stream(stream):
+            for _ in range(150):
+                i = int(rng.integers(len(cases)))
+                got = np.array(NATIVE.fn(*cases[i], bits_gs[i][1], bits_gs[i][0]))
+                if not np.array_equal(got, want[i]):
+                    errors.append(i)
+
+    def resizer():
+        for i in range(10**6):
+            if stop.is_set():
+                return
+            ext.set_threads(1 + i % 3)
+
+    threads = [threading.Thread(target=caller, args=(s,), daemon=True) for s in range(3)]
+    sizes = threading.Thread(target=resizer, daemon=True)
+    try:
+        for t in [*threads, sizes]:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads), "a product never finished"
+    finally:
+        stop.set()
+        sizes.join(timeout=10)
+        ext.set_threads(NATIVE.threads)
+    assert errors == []
