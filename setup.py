@@ -25,8 +25,9 @@ from setuptools import Extension, setup
 ROUTER = Extension(
     "mlxgraph.interpreter._blas_router",
     sources=["interpreter/native/blas_router.c", "interpreter/native/small_gemm.c",
-             "interpreter/native/pool.c"],
-    depends=["interpreter/native/small_gemm.h", "interpreter/native/pool.h"],
+             "interpreter/native/tile_gemm.c", "interpreter/native/pool.c"],
+    depends=["interpreter/native/small_gemm.h", "interpreter/native/tile_gemm.h",
+             "interpreter/native/pool.h"],
     libraries=["dl"],
     # -Wno-psabi: small_gemm.c's vectors change ABI only inside its own static functions.
     extra_compile_args=["-O2", "-pthread", "-Wno-psabi"],

@@ -9,6 +9,8 @@ ignored, each in its own process (benchmarks/engines/*_engine.py). Engines:
   mlxgraph            the Python API path (mlxgraph.load() preloads the BLAS itself)
   mlxgraph-cli        `mlxgraph generate --json`, one process per run
   mlxgraph-no-router  MLXGRAPH_BLAS_ROUTER=0: every product through sgemm
+  mlxgraph-no-tile    MLXGRAPH_BLAS_TILE=0: many-row products through the BLAS's sgemm, not
+                      the router's blocked kernel (native/tile_gemm.c)
   mlxgraph-1-thread   MLXGRAPH_BLAS_THREADS=1 (the default, auto, gives products of
                       >= 1M multiply-adds every CPU, smaller ones 1 thread)
   mlxgraph-2-threads  MLXGRAPH_BLAS_THREADS=2: every product on 2 threads
@@ -51,6 +53,7 @@ ENGINES = {
     "mlxgraph": ("mlxgraph_engine.py", "graph", {}),
     "mlxgraph-cli": ("mlxgraph_cli_engine.py", "graph", {}),
     "mlxgraph-no-router": ("mlxgraph_engine.py", "graph", {"MLXGRAPH_BLAS_ROUTER": "0"}),
+    "mlxgraph-no-tile": ("mlxgraph_engine.py", "graph", {"MLXGRAPH_BLAS_TILE": "0"}),
     "mlxgraph-1-thread": ("mlxgraph_engine.py", "graph", {"MLXGRAPH_BLAS_THREADS": "1"}),
     "mlxgraph-2-threads": ("mlxgraph_engine.py", "graph", {"MLXGRAPH_BLAS_THREADS": "2"}),
     "mlxgraph-mlx-silu": ("mlxgraph_engine.py", "graph", {"MLXGRAPH_NATIVE_ACTIVATIONS": "0"}),

@@ -35,13 +35,18 @@ from pathlib import Path
 from mlxgraph.interpreter.blas_libs import file_of, identify, pypi_openblas_file
 from mlxgraph.interpreter.blas_router import (
     ROUTER_ENV,
+    TILE_ALWAYS,
+    TILE_ENV,
+    TILE_NEVER,
     RouterError,
     bind_router,
     cblas_prefix,
     router_file,
     routing_wanted,
     set_router_threads,
+    set_router_tile,
     threads_wanted,
+    tiling_wanted,
 )
 
 ENV_VAR = "MLXGRAPH_BLAS"
@@ -126,6 +131,20 @@ def bundled_blas() -> BlasInfo:
     return BlasInfo("bundled reference BLAS", path, False)
 
 
+def _describe_tile(router, env) -> str:
+    """Give the router its many-row kernel's mode (MLXGRAPH_BLAS_TILE) and say where
+    many-row products go, for the stats line."""
+    wanted = tiling_wanted(env)
+    got = set_router_tile(router, wanted)
+    if wanted == TILE_NEVER:
+        return f"sgemm for many rows ({TILE_ENV}={env.get(TILE_ENV)})"
+    if got == TILE_NEVER:
+        return "sgemm for many rows (the tile kernel needs AVX-512)"
+    if got == TILE_ALWAYS:
+        return f"tile kernel for every product of many rows ({TILE_ENV}={env.get(TILE_ENV)})"
+    return "tile kernel for 9..160 rows"
+
+
 def _install(where: str, env) -> BlasInfo | str:
     """Load one CBLAS and make it (through the router when there is one) MLX's.
 
@@ -152,6 +171,8 @@ def _install(where: str, env) -> BlasInfo | str:
         except RouterError as e:
             return str(e)
         router = "on" if route else f"off ({ROUTER_ENV}={env.get(ROUTER_ENV)}; forwarding only)"
+        if route:
+            router += ", " + _describe_tile(bound, env)
         if threads.many and set_router_threads(bound, threads):
             router += f", {threads.describe()}"
     if not prefix:
@@ -172,7 +193,8 @@ def preload_blas(env: dict | None = None) -> BlasInfo:
         The BlasInfo of the BLAS MLX will use (also kept for :func:`blas_in_use`).
     Raises:
         BlasError: MLXGRAPH_BLAS names a library that cannot be loaded or has no
-            cblas_sgemm (an explicit request that fails is not silently ignored).
+            cblas_sgemm (an explicit request that fails is not silently ignored), or
+            MLXGRAPH_BLAS_THREADS / MLXGRAPH_BLAS_TILE holds a value they do not take.
     """
     global _state
     if _state is not None:
@@ -195,6 +217,7 @@ def preload_blas(env: dict | None = None) -> BlasInfo:
         return _state
     try:
         threads_wanted(env)
+        tiling_wanted(env)
     except ValueError as e:
         raise BlasError(str(e)) from None
     candidates = [requested.strip()] if requested is not None else list(CANDIDATES)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROUTER_ENV = "MLXGRAPH_BLAS_ROUTER"  # 0/off/none: no matrix-vector or few-row routing
 THREADS_ENV = "MLXGRAPH_BLAS_THREADS"  # "auto", "N", or "N:MIN_WORK" (ThreadPolicy)
+TILE_ENV = "MLXGRAPH_BLAS_TILE"  # 0/off: products of many rows go to the BLAS's sgemm
 # Products of fewer multiply-adds than this run on one thread: waking a second thread costs
 # more than it gains there (benchmarks/blas_bench.py measures the crossing; README, "Fast BLAS").
 DEFAULT_MIN_WORK = 1 << 20
@@ -47,6 +48,35 @@ def router_file() -> str:
 def routing_wanted(env) -> bool:
     """False when ``MLXGRAPH_BLAS_ROUTER`` switches the matrix-vector routing off."""
     return env.get(ROUTER_ENV, "1").strip().lower() not in _OFF
+
+
+# Modes of the router's many-row kernel (native/tile_gemm.c; blas_router.c, wants_tile).
+TILE_NEVER, TILE_WHERE_FASTER, TILE_ALWAYS = 0, 1, 2
+
+
+def tiling_wanted(env) -> int:
+    """The many-row kernel's mode from ``MLXGRAPH_BLAS_TILE``: unset or on, where it beats
+    the BLAS (9..160 rows against a large weight); 0/off, never; "always", for every
+    product that is neither matrix-vector nor few-row (tests, measurements).
+
+    Raises:
+        ValueError: any other value.
+    """
+    raw = env.get(TILE_ENV, "on").strip().lower()
+    if raw in _OFF:
+        return TILE_NEVER
+    if raw == "always":
+        return TILE_ALWAYS
+    if raw in ("1", "on", "yes", "true", "auto"):
+        return TILE_WHERE_FASTER
+    raise ValueError(f"{TILE_ENV}={env.get(TILE_ENV)}: expected on, off or always")
+
+
+def set_router_tile(router, mode: int) -> int:
+    """Give the bound router the many-row kernel's mode (TILE_*). Returns the mode in force:
+    TILE_NEVER on a CPU without AVX-512, whatever was asked."""
+    router.mlxgraph_router_tile.argtypes = (ctypes.c_int,)
+    return int(router.mlxgraph_router_tile(int(mode)))
 
 
 def cblas_prefix(lib) -> str | None:
@@ -134,7 +164,7 @@ def set_router_threads(router, policy: ThreadPolicy) -> bool:
     return router.mlxgraph_router_threads(1, policy.many, policy.min_work) == 0
 
 
-COUNTS = ("sgemv", "small", "sgemm", "threaded")
+COUNTS = ("sgemv", "small", "sgemm", "threaded", "tile")
 
 
 def router_counts(path: str) -> dict:
@@ -164,5 +194,11 @@ __all__ = [
     "router_file",
     "routing_wanted",
     "set_router_threads",
+    "set_router_tile",
+    "TILE_ALWAYS",
+    "TILE_ENV",
+    "TILE_NEVER",
+    "TILE_WHERE_FASTER",
+    "tiling_wanted",
     "threads_wanted",
 ]

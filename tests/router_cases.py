@@ -3,10 +3,13 @@ for every order/transpose combination, matrix-vector, few-row (2..8 rows or colu
 general shapes, padded leading dimensions, alpha and beta values, and compare with a
 float64 numpy oracle.
 
-    python tests/router_cases.py ROUTER_SO BLAS_SO PREFIX ROUTE(0|1) THREADS
+    python tests/router_cases.py ROUTER_SO BLAS_SO PREFIX ROUTE(0|1) THREADS [TILE(0|2)]
 
 THREADS > 0 gives every product that many threads (the few-row kernel splits its columns);
-0 leaves the BLAS's setting. Prints one JSON line: cases run, worst relative error, padding
+0 leaves the BLAS's setting. TILE 2 sends every general product (neither matrix-vector nor
+few-row) to the router's many-row kernel (native/tile_gemm.c) and adds shapes that reach
+each of its paths: several k blocks, a second pass of rows, a one-vector last panel, a
+column tail. Prints one JSON line: cases run, worst relative error, padding
 or NaN problems, and the router's call counts next to how many cases were matrix-vector
 and few-row.
 """
@@ -27,6 +30,9 @@ SHAPES = [
     (1, 37, 53), (29, 1, 41), (1, 1, 19), (1, 64, 1), (23, 31, 17), (2, 3, 5), (1, 5, 0),
     (2, 37, 53), (8, 70, 33), (3, 130, 19), (77, 4, 21), (5, 3, 9), (9, 40, 12), (6, 7, 0),
 ]
+# For the many-row kernel: 45 rows = a 32-row panel and a 13-row one-vector panel; 150 rows
+# = a 128-row pass and a 22-row one; K = 1100 = two k blocks; N % 12 != 0 = a column tail.
+TILE_SHAPES = [(45, 38, 1100), (150, 29, 70), (33, 40, 9)]
 F = ctypes.POINTER(ctypes.c_float)
 
 
@@ -98,7 +104,12 @@ def few_rows(m, n, k) -> bool:
     return k > 0 and min(m, n) > 1 and (2 <= m <= 8 or 2 <= n <= 8)
 
 
-def main(router_so, blas_so, prefix, route, threads) -> dict:
+def general(m, n, k) -> bool:
+    """Neither matrix-vector, few-row nor empty: the BLAS's sgemm, or the many-row kernel."""
+    return k > 0 and min(m, n) > 1 and not few_rows(m, n, k)
+
+
+def main(router_so, blas_so, prefix, route, threads, tile=0) -> dict:
     blas = ctypes.CDLL(blas_so, mode=os.RTLD_LOCAL)
     router = ctypes.CDLL(router_so, mode=os.RTLD_LOCAL)
     router.mlxgraph_router_bind.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int)
@@ -106,11 +117,14 @@ def main(router_so, blas_so, prefix, route, threads) -> dict:
     router.mlxgraph_router_threads.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long)
     if threads:
         assert router.mlxgraph_router_threads(threads, threads, 0) == 0
+    router.mlxgraph_router_tile.argtypes = (ctypes.c_int,)
+    tiled = router.mlxgraph_router_tile(tile)
+    shapes = SHAPES + (TILE_SHAPES if tile else [])
     sgemm = router.cblas_sgemm
     rng = np.random.default_rng(0)
-    worst, bad_padding, nonfinite, cases, matvec, small = 0.0, 0, 0, 0, 0, 0
+    worst, bad_padding, nonfinite, cases, matvec, small, big = 0.0, 0, 0, 0, 0, 0, 0
     for order, ta, tb, (m, n, k), pad, (alpha, beta) in itertools.product(
-        (ROW, COL), (NO, T, CT), (NO, T, CT), SHAPES, (0, 3), ((1.0, 0.0), (-0.5, 1.0), (2.0, 0.25))
+        (ROW, COL), (NO, T, CT), (NO, T, CT), shapes, (0, 3), ((1.0, 0.0), (-0.5, 1.0), (2.0, 0.25))
     ):
         err, padding_ok, finite = one_case(sgemm, order, ta, tb, m, n, k, pad, alpha, beta, rng)
         worst, cases = max(worst, err), cases + 1
@@ -118,12 +132,15 @@ def main(router_so, blas_so, prefix, route, threads) -> dict:
         nonfinite += not finite
         matvec += (m == 1 or n == 1) and k > 0
         small += few_rows(m, n, k)
-    counts = (ctypes.c_long * 4)()
-    router.mlxgraph_router_counts(counts, 4)
+        big += general(m, n, k)
+    counts = (ctypes.c_long * 5)()
+    router.mlxgraph_router_counts(counts, 5)
     return {
         "cases": cases,
         "matvec_cases": matvec,
         "small_cases": small,
+        "general_cases": big,
+        "tile_mode": tiled,
         "worst": worst,
         "bad_padding": bad_padding,
         "nonfinite": nonfinite,
@@ -131,9 +148,11 @@ def main(router_so, blas_so, prefix, route, threads) -> dict:
         "small_calls": counts[1],
         "sgemm_calls": counts[2],
         "threaded_calls": counts[3],
+        "tile_calls": counts[4],
     }
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    print(json.dumps(main(args[0], args[1], args[2], int(args[3]), int(args[4]))))
+    tile = int(args[5]) if len(args) > 5 else 0
+    print(json.dumps(main(args[0], args[1], args[2], int(args[3]), int(args[4]), tile)))

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from blas_helpers import has_avx512
 
 from mlxgraph.interpreter.blas import pypi_openblas_file
 from mlxgraph.interpreter.blas_router import router_file
@@ -51,14 +52,18 @@ def router():
 
 
 @pytest.mark.parametrize(
-    "route,threads", [(1, 0), (1, 2), (0, 0)], ids=["routing", "routing-2-threads", "forwarding"]
+    "route,threads,tile",
+    [(1, 0, 0), (1, 2, 0), (0, 0, 0), (1, 1, 2), (1, 2, 2)],
+    ids=["routing", "routing-2-threads", "forwarding", "tile-kernel", "tile-kernel-2-threads"],
 )
-def test_every_case_matches_numpy(router, route, threads):
+def test_every_case_matches_numpy(router, route, threads, tile):
     libs = _blas_files()
     if not libs:
         pytest.skip("no optimised CBLAS on this machine")
-    for lib, prefix in libs:
-        args = [router, lib, prefix, str(route), str(threads)]
+    if tile and not has_avx512():
+        pytest.skip("the many-row kernel needs AVX-512 (the router keeps the BLAS's sgemm)")
+    for lib, prefix in libs[:1] if tile else libs:
+        args = [router, lib, prefix, str(route), str(threads), str(tile)]
         proc = subprocess.run(
             [PY, str(ROOT / "tests" / "router_cases.py"), *args],
             capture_output=True,
@@ -67,13 +72,17 @@ def test_every_case_matches_numpy(router, route, threads):
         )
         assert proc.returncode == 0, proc.stderr[-2000:]
         got = json.loads(proc.stdout)
-        assert got["cases"] == 1512 and got["worst"] < 1e-6, (lib, got)
+        assert got["cases"] == (1836 if tile else 1512) and got["worst"] < 1e-6, (lib, got)
         assert got["bad_padding"] == 0 and got["nonfinite"] == 0, (lib, got)
         # Every matrix-vector case (and only those) went to sgemv when routing is on, every
-        # few-row case to the router's kernel.
+        # few-row case to the router's kernel, and (tile mode 2) every general case to the
+        # many-row kernel.
         assert got["sgemv_calls"] == (got["matvec_cases"] if route else 0), (lib, got)
         assert got["small_calls"] == (got["small_cases"] if route else 0), (lib, got)
-        assert got["sgemv_calls"] + got["small_calls"] + got["sgemm_calls"] == got["cases"]
+        assert got["tile_mode"] == tile, (lib, got)
+        assert got["tile_calls"] == (got["general_cases"] if tile else 0), (lib, got)
+        assert (got["sgemv_calls"] + got["small_calls"] + got["sgemm_calls"] + got["tile_calls"]
+                == got["cases"])
         assert got["threaded_calls"] == (got["cases"] if threads > 1 else 0), (lib, got)
 
 
@@ -252,3 +261,4 @@ def test_bad_thread_setting_is_an_error():
     )
     assert "MLXGRAPH_BLAS_THREADS=two" in proc.stdout
     assert "expected auto, N or N:MIN_WORK" in proc.stdout
+

@@ -132,14 +132,18 @@ def generate(
             if t_first is None:
                 t_first = now
                 stats.prefill_seconds = now - t0
-                if n < max_tokens:
-                    next_y, fed_ahead = _queue_step(session, y, sampler), True
             stats.decode_seconds = now - t_first
             stats.generated_tokens = n
             yield token
             if token in stop:
                 stats.stop_reason = "eos"
                 return
+            if n == 1 and n < max_tokens:
+                # Step 2 is queued only after the first token is handed over: MLX's
+                # async_eval blocks while many of its CPU kernels are in flight (queueing a
+                # small-model decode step returned after ~25 of its ~34 ms), so queueing it
+                # first held the first token back by most of a decode step.
+                next_y, fed_ahead = _queue_step(session, y, sampler), True
             if n < max_tokens:
                 y = next_y
         stats.stop_reason = "max_tokens"

@@ -16,6 +16,7 @@
 
 #include "pool.h"
 #include "small_gemm.h"
+#include "tile_gemm.h"
 
 enum { ROW_MAJOR = 101, COL_MAJOR = 102, NO_TRANS = 111, TRANS = 112 };  /* ConjTrans = Trans */
 
@@ -35,6 +36,10 @@ static cgemm_fn real_cgemm;
 typedef void (*threads_fn)(int);
 static threads_fn set_threads;   /* the target's openblas_set_num_threads, if it has one */
 static int routing = 1;
+/* Products of many rows go to tile_gemm.c (mlxgraph_router_tile): never, where it is
+ * faster (wants_tile), or always (tests: every kernel path on small shapes). */
+enum { TILE_NEVER, TILE_WHERE_FASTER, TILE_ALWAYS };
+static int tiling;
 /* Threads per call: products of fewer than min_work multiply-adds run on few_threads, the
  * others on many_threads (0 = leave the BLAS's own threading alone). The router threads
  * a product itself (pool.c: chunks of columns, each a one-thread BLAS call): OpenBLAS's
@@ -45,7 +50,7 @@ static int few_threads, many_threads;
 static int blas_threads;   /* the count last given to the BLAS (0: never set) */
 static long min_work;
 /* calls taken by each path, and calls run on more than one thread (tests, stats) */
-enum { N_GEMV, N_SMALL, N_GEMM, N_THREADED, N_COUNTS };
+enum { N_GEMV, N_SMALL, N_GEMM, N_THREADED, N_TILE, N_COUNTS };
 static long counts[N_COUNTS];
 
 static void *lookup(void *handle, const char *prefix, const char *name) {
@@ -81,6 +86,15 @@ int mlxgraph_router_threads(int few, int many, long min_work_) {
     min_work = min_work_;
     blas_threads = 0;
     return 0;
+}
+
+/* Send products of many rows to tile_gemm.c where it is faster (mode 1), for every
+ * product that is neither matrix-vector nor few-row (2, for tests), or never (0). Returns
+ * the mode now in force: 0 on a CPU the kernel cannot run on. */
+int mlxgraph_router_tile(int mode) {
+    tiling = tile_gemm_available() && mode >= TILE_NEVER && mode <= TILE_ALWAYS ? mode
+                                                                                 : TILE_NEVER;
+    return tiling;
 }
 
 void mlxgraph_router_counts(long *out, int n) {
@@ -147,6 +161,27 @@ static int row_major_small(int ta, int tb, int M, int N, int K, float alpha, con
     /* X(j, k) = op(B)(k, j) (N x K), W(m, k) = op(A)(m, k); out(j, m) = C[m * ldc + j] */
     return small_gemm(N, M, K, alpha, B, tb == NO_TRANS ? 1 : ldb, tb == NO_TRANS ? ldb : 1,
                       A, lda, ta == NO_TRANS, beta, C, 1, ldc, threads);
+}
+
+/* Whether tile_gemm.c beats the BLAS's sgemm on a product: where the rows are few (9..160:
+ * batched decode rows, short prompts, a 128-token prefill) and the weight large. Measured
+ * against scipy-openblas32 0.3.34 on this repository's AVX-512 Xeon, interleaved in one
+ * process (benchmarks/tile_bench.py), x @ W.T with K = N = 1024: 16 rows 1.35-1.56x,
+ * 32 rows 1.36-1.72x, 64 rows 1.11-1.44x, 128 rows 1.04-1.09x on one and two threads; 192
+ * rows and more 0.86-0.95x, N or K of 512 and less 0.79-0.89x (packing X and writing C
+ * weigh more), attention's 64-wide products ~0.5x: those stay with the BLAS. */
+static int wants_tile(int M, int N, int K) {
+    return tiling == TILE_ALWAYS || (M >= 9 && M <= 160 && N >= 1024 && K >= 512);
+}
+
+/* Row-major C (M x N) = alpha * op(A) * op(B) + beta * C as tile_gemm: X = op(A) (its rows
+ * are C's), W(n, k) = op(B)(k, n). Returns 0, or -1 when tile_gemm could not run. */
+static int row_major_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                          int lda, const float *B, int ldb, float beta, float *C, int ldc,
+                          int threads) {
+    return tile_gemm(M, N, K, alpha, A, ta == NO_TRANS ? lda : 1, ta == NO_TRANS ? 1 : lda, B,
+                     tb == NO_TRANS ? 1 : ldb, tb == NO_TRANS ? ldb : 1, beta, C, ldc, 1,
+                     threads);
 }
 
 /* The fewest rows or columns a chunk of a threaded BLAS call gets. */
@@ -222,6 +257,12 @@ void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, co
         row_major_small(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
                         threads > 0 ? threads : 1) == 0) {
         count(N_SMALL);
+        return;
+    }
+    if (routable && !matvec && tiling && wants_tile(M, N, K) &&
+        row_major_tile(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                       threads > 0 ? threads : 1) == 0) {
+        count(N_TILE);
         return;
     }
     count(matvec ? N_GEMV : N_GEMM);
