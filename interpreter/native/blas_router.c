@@ -164,14 +164,17 @@ static int row_major_small(int ta, int tb, int M, int N, int K, float alpha, con
 }
 
 /* Whether tile_gemm.c beats the BLAS's sgemm on a product: where the rows are few (9..160:
- * batched decode rows, short prompts, a 128-token prefill) and the weight large. Measured
- * against scipy-openblas32 0.3.34 on this repository's AVX-512 Xeon, interleaved in one
- * process (benchmarks/tile_bench.py), x @ W.T with K = N = 1024: 16 rows 1.35-1.56x,
- * 32 rows 1.36-1.72x, 64 rows 1.11-1.44x, 128 rows 1.04-1.09x on one and two threads; 192
- * rows and more 0.86-0.95x, N or K of 512 and less 0.79-0.89x (packing X and writing C
- * weigh more), attention's 64-wide products ~0.5x: those stay with the BLAS. */
+ * batched decode rows, short prompts, a 128-token prefill) and the weight large enough.
+ * Measured against scipy-openblas32 0.3.34 on this repository's AVX-512 Xeon, calls
+ * interleaved in one process (benchmarks/tile_bench.py), x @ W.T, one and two threads:
+ * 9-32 rows 1.2-1.5x at 256x256 .. 1024x1024; 64 rows 1.0-1.15x at 256-wide weights,
+ * 1.33-1.38x at 1024x1024; 128 rows 1.1-1.2x at 1024x1024 and 1024x2816 but 0.92-1.04x
+ * with N or K under 1024 (packing X and writing C weigh more); 192-512 rows 0.94-1.02x;
+ * attention's 64-wide products 0.6-0.8x. Everything else stays with the BLAS. */
 static int wants_tile(int M, int N, int K) {
-    return tiling == TILE_ALWAYS || (M >= 9 && M <= 160 && N >= 1024 && K >= 512);
+    if (tiling == TILE_ALWAYS) return 1;
+    if (M < 9 || M > 160) return 0;
+    return M <= 64 ? N >= 256 && K >= 256 : N >= 1024 && K >= 512;
 }
 
 /* Row-major C (M x N) = alpha * op(A) * op(B) + beta * C as tile_gemm: X = op(A) (its rows

@@ -178,9 +178,26 @@ static void pack_chunk(void *ctx, int c) {
                j->x_row, j->x_col, packed(j, kb, p));
 }
 
-/* C(m0 + p*MR + r, n0 + c) from a finished tile. beta == 0 never reads C. */
-static void write_tile(const struct job *j, int p, int n0, int nr, const float *tile) {
+/* C(m0 + p*MR + r, n0 + c) from a finished tile. beta == 0 never reads C. A row of C is
+ * a column of the tile: one masked gather per row, not 12 scalar steps (those cost ~9% of
+ * the product at k = 1024 and ~35% at k = 256). */
+AVX512 static void write_tile(const struct job *j, int p, int n0, int nr, const float *tile) {
     int rows = panel_rows(j, p);
+    if (j->out_col == 1) {
+        const __m512i across = _mm512_mullo_epi32(
+            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+            _mm512_set1_epi32(MR));
+        const __mmask16 cols = (__mmask16)((1u << nr) - 1);
+        const __m512 alpha = _mm512_set1_ps(j->alpha), beta = _mm512_set1_ps(j->beta);
+        for (int r = 0; r < rows; r++) {
+            float *o = j->out + (long)(j->m0 + p * MR + r) * j->out_row + n0;
+            __m512 v = _mm512_mul_ps(
+                alpha, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), cols, across, tile + r, 4));
+            if (j->beta != 0.0f) v = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(cols, o), v);
+            _mm512_mask_storeu_ps(o, cols, v);
+        }
+        return;
+    }
     for (int r = 0; r < rows; r++) {
         float *o = j->out + (long)(j->m0 + p * MR + r) * j->out_row + (long)n0 * j->out_col;
         for (int c = 0; c < nr; c++) {
