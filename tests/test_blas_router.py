@@ -137,6 +137,34 @@ def test_router_off_forwards_everything_to_sgemm(router):
     assert got.get("sgemv", 0) == 0 and got.get("small", 0) == 0
 
 
+_ALPHA_ZERO = """
+import json
+from mlxgraph.interpreter.blas import preload_blas
+info = preload_blas()
+import numpy as np, mlx.core as mx
+seen = {}
+for m in (1, 4, 40, 400):   # sgemv, few-row kernel, many-row kernel, sgemm
+    a, b = mx.full((m, 600), float("inf")), mx.ones((600, 1100))
+    for beta in (2.0, 0.0):
+        got = np.array(mx.addmm(mx.ones((m, 1100)), a, b, alpha=0.0, beta=beta))
+        seen[f"{m}:{beta}"] = [float(v) for v in np.unique(got)]
+print(json.dumps({"preloaded": info.preloaded, "seen": seen}))
+"""
+
+
+@pytest.mark.parametrize("tile", ["on", "always"])
+def test_alpha_zero_never_reads_the_operands(router, tile):
+    """The BLAS contract: alpha == 0 gives beta * C without reading A or B (MLX's own BLAS
+    does so; Inf in A must not turn C into NaN on any of the router's paths)."""
+    proc = _py(_ALPHA_ZERO, {"MLXGRAPH_BLAS_TILE": tile})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not got["preloaded"]:
+        pytest.skip("no optimised CBLAS was preloaded")
+    want = {f"{m}:{beta}": [beta] for m in (1, 4, 40, 400) for beta in (2.0, 0.0)}
+    assert got["seen"] == want, got
+
+
 def test_without_router_stats_say_absent():
     code = """
         import json

@@ -252,8 +252,10 @@ void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, co
         int t = ta;
         A = B, B = T, ta = tb, tb = t, t = lda, lda = ldb, ldb = t, t = M, M = N, N = t;
     }
-    /* K == 0 must still scale C by beta, which sgemv skips; empty products go to sgemm. */
-    int routable = routing && M > 0 && N > 0 && K > 0;
+    /* K == 0 must still scale C by beta, which sgemv skips; empty products go to sgemm.
+     * alpha == 0 must not read A or B (the BLAS contract: C = beta C even where they hold
+     * Inf or NaN, which the router's kernels would turn into NaN): sgemm too. */
+    int routable = routing && M > 0 && N > 0 && K > 0 && alpha != 0.0f;
     int threads = threads_for(M, N, K);
     int matvec = routable && (M == 1 || N == 1);
     if (routable && !matvec && (is_small(M) || is_small(N)) &&
