@@ -9,9 +9,10 @@ install still succeeds and mlxgraph runs without it (the stats say so).
   extension, compiled against the headers of the MLX wheel and in MLX's nanobind domain
   (both are build requirements, pyproject.toml). Without it, QuantizedLinear and
   half-precision Linear run on MLX's own ops.
-- float32 sigmoid and SiLU (interpreter/native/activations.cpp) and the attention softmax
-  (attention_softmax.cpp), MLX primitives built the same way: MLX's x86-64 CPU exp runs one
-  element at a time. Without them, MLX's own ops.
+- float32 sigmoid and SiLU (interpreter/native/activations.cpp), the attention softmax
+  (attention_softmax.cpp), RMSNorm and RoPE (norm_rope.cpp), MLX primitives built the same
+  way: MLX's x86-64 CPU exp runs one element at a time, and its RMSNorm and RoPE are chains
+  of ops. Without them, MLX's own ops.
 
 Everything else is declared in pyproject.toml.
 """
@@ -42,9 +43,14 @@ HEADERS = {"quantized_matvec": ["interpreter/native/half_matvec.h",
                                 "interpreter/native/matvec_common.h",
                                 "interpreter/native/quantized_kernel.h"],
            "activations": ["interpreter/native/vec_exp.h",
-                           "interpreter/native/attention_softmax.h"]}
-# Further sources of a native module (the attention softmax shares activations' vector exp).
-SOURCES = {"activations": ["interpreter/native/attention_softmax.cpp"]}
+                           "interpreter/native/attention_softmax.h",
+                           "interpreter/native/norm_rope.h",
+                           "interpreter/native/norm_rope_rows.h",
+                           "interpreter/native/vec_block.h"]}
+# Further sources of a native module (the attention softmax shares activations' vector exp;
+# RMSNorm and RoPE share its module and switch).
+SOURCES = {"activations": ["interpreter/native/attention_softmax.cpp",
+                           "interpreter/native/norm_rope.cpp"]}
 
 
 def mlx_primitives() -> list:

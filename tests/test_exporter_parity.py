@@ -5,7 +5,8 @@ context, Gemma-3 text with sliding and full layers mixed, Phi-3): a tiny model f
 random weights is exported, loaded with the interpreter, and run as a 17-token prefill, a
 chunked prefill (chunks of 5) and 40 single-token decode steps. The oracle is the HF model
 with its own DynamicCache and default attention; logits must agree within 1e-4 of the
-logits' scale, and greedy decoding must pick the same 40 tokens.
+logits' scale, and greedy decoding must pick the same 40 tokens (float32 RMSNorm and RoPE on
+the native kernels where they are built).
 """
 
 import numpy as np
@@ -16,6 +17,7 @@ from parity_helpers import batched_parity_error, hf_greedy_reference, ids, rel_e
 
 import mlxgraph
 from mlxgraph.exporter import export
+from mlxgraph.interpreter import native_activations
 from mlxgraph.interpreter.errors import SessionError
 from mlxgraph.schema.reader import open_graph
 
@@ -37,7 +39,17 @@ def case(request, tiny_hf_folder, tmp_path_factory):
             "ref": hf_greedy_reference(model, prompt, DECODE - 1)}
 
 
-def test_prefill_then_greedy_decode_matches_hf(case):
+def _count_native_norm_rope(monkeypatch) -> list:
+    """Names of the native RMSNorm/RoPE calls from now on (none without the build)."""
+    calls, native = [], native_activations.native_module()
+    for name in ("rms_norm", "rope") if native is not None else ():
+        real = getattr(native, name)
+        monkeypatch.setattr(native, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
+    return calls
+
+
+def test_prefill_then_greedy_decode_matches_hf(case, monkeypatch):
+    native_calls = _count_native_norm_rope(monkeypatch)
     prefill, decode, tokens = case["ref"]
     session = mlxgraph.load(case["path"]).session(capacity=128)
     logits = np.array(session.step(ids(case["prompt"].numpy()), range(PROMPT)))[0]
@@ -50,6 +62,8 @@ def test_prefill_then_greedy_decode_matches_hf(case):
         ours.append(int(step.argmax()))
     assert ours == tokens
     assert session.length == PROMPT + DECODE - 1
+    if native_activations.native_module() is not None:  # float32: on the native kernels
+        assert {"rms_norm", "rope"} <= set(native_calls)
 
 
 def test_batched_rows_match_hf(case):

@@ -1,7 +1,8 @@
 """The native float32 sigmoid and SiLU (interpreter/native/activations.cpp): within a few ulp
 of a float64 oracle over the whole float range (special values included), used by the
 Sigmoid and Silu kernels for float32 on the CPU only, and switchable off (with the attention
-softmax of tests/test_native_attention.py)."""
+softmax of tests/test_native_attention.py and the RMSNorm and RoPE of
+tests/test_native_norm_rope.py)."""
 
 import os
 import shutil
@@ -92,19 +93,26 @@ def test_kernels_use_it_for_float32_only():
 
 
 def test_switch_off_takes_mlx_ops():
-    # attention then runs on MLX's fused kernel (bitwise its result)
+    # attention then runs on MLX's fused kernel, RMSNorm on mx.fast.rms_norm, RoPE on the
+    # MLX ops (bitwise their results)
     code = (
         "import mlx.core as mx, numpy as np\n"
         "from mlxgraph.interpreter import native_activations as na\n"
         "from mlxgraph.interpreter.attention import attend\n"
+        "from mlxgraph.interpreter.kernels.fused import rms_norm, rope\n"
         "q, k, v = (mx.array(np.random.default_rng(i).standard_normal((1, 4, 3, 16)),\n"
         "                    mx.float32) for i in range(3))\n"
         "got = attend(q, k, v, 'causal', 0.25, mx.float32)\n"
         "want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask='causal')\n"
-        "print(bool(mx.array_equal(got, want)), na.native_module() is None, na.describe())\n"
+        "same = [mx.array_equal(got, want)]\n"
+        "same.append(mx.array_equal(rms_norm(q, k[0, 0, 0], 1e-6),\n"
+        "                           mx.fast.rms_norm(q, k[0, 0, 0], 1e-6)))\n"
+        "rot = mx.concatenate([-q[..., 8:], q[..., :8]], axis=-1)\n"
+        "same.append(mx.array_equal(rope(q, k, v), q * k + rot * v))\n"
+        "print(all(bool(s) for s in same), na.native_module() is None, na.describe())\n"
     )
     env = dict(os.environ, **{na.SWITCH_ENV: "0"})
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.startswith("True True MLX's sigmoid and softmax")
+    assert out.stdout.startswith("True True MLX's sigmoid, softmax, RMSNorm and RoPE ops")

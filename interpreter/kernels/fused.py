@@ -2,6 +2,7 @@
 
 import mlx.core as mx
 
+from mlxgraph.interpreter import native_activations
 from mlxgraph.interpreter.kernels import register
 
 
@@ -14,13 +15,18 @@ def rms_norm(x, weight=None, eps=1e-6, weight_offset=0.0):
       is cast to x's dtype, then multiplied by weight (dtypes promote as in torch).
     - weight_offset != 0 (Gemma's ``1 + weight``): the product is taken in float32 and
       the result cast to x's dtype.
-    Without a weight the normalized value is returned in x's dtype.
+    Without a weight the normalized value is returned in x's dtype. In float32 the two
+    coincide; float32 x on the CPU runs on the native kernel (interpreter/native_activations.py)
+    with the same roundings and a float64 sum of squares.
 
     Raises:
         ValueError: eps is absent.
     """
     if eps is None:
         raise ValueError("RmsNorm: eps is required")
+    native = native_activations.rms_norm(x, weight, eps, weight_offset)
+    if native is not None:
+        return native
     if weight_offset == 0 and (weight is None or weight.dtype == x.dtype):
         # MLX's fused kernel is the Llama order: float32 normalize, cast, then * weight.
         return mx.fast.rms_norm(x, weight, eps)
@@ -38,11 +44,15 @@ def rope(x, cos, sin):
     """x * cos + rotate_half(x) * sin, rotate_half(x) = concat(-x2, x1) over the last axis.
 
     cos and sin broadcast against x (e.g. [B, 1, T, D] for x [B, H, T, D]), as Hugging
-    Face's ``apply_rotary_pos_emb`` applies them to one tensor.
+    Face's ``apply_rotary_pos_emb`` applies them to one tensor. float32 operands on the
+    CPU run on the native kernel (bitwise the same result; interpreter/native_activations.py).
 
     Raises:
         ValueError: x's last axis is odd.
     """
+    native = native_activations.rope(x, cos, sin)
+    if native is not None:
+        return native
     d = x.shape[-1]
     if d % 2:
         raise ValueError(f"Rope: the last axis of x must be even, got {d}")

@@ -18,6 +18,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "mlx/allocator.h"
 #include "mlx/array.h"
@@ -25,6 +26,7 @@
 #include "mlx/ops.h"
 #include "attention_softmax.h"
 #include "mlx/primitives.h"
+#include "norm_rope.h"
 #include "simd_name.h"
 #include "vec_exp.h"
 
@@ -116,5 +118,14 @@ NB_MODULE(_activations, m) {
   m.def("attention_softmax", &mlxgraph_softmax::attention_softmax, nb::arg("scores"),
         nb::arg("causal"), nb::arg("mask").none(), nb::arg("sinks").none(),
         "Masked softmax of float32 attention scores [B, H, T, S] (lazy MLX array).");
+  m.def("rms_norm", &mlxgraph_norm::rms_norm, nb::arg("x"), nb::arg("weight").none(),
+        nb::arg("eps"), "RMSNorm of float32 x over its last axis, times a float32 weight [D].");
+  m.def("rope", &mlxgraph_norm::rope, nb::arg("x"), nb::arg("cos"), nb::arg("sin"),
+        "Rotate-half RoPE x * cos + concat(-x2, x1) * sin of float32 operands.");
+  m.def("levels", &mlxgraph_norm::levels,
+        "The RMSNorm and RoPE kernels' instruction-set levels this CPU runs, best first.");
+  m.def("set_level", &mlxgraph_norm::set_level, nb::arg("name"),
+        "Run the RMSNorm and RoPE kernels' code for ``name`` (tests, benchmarks).");
+  m.def("level", &mlxgraph_norm::level, "The RMSNorm and RoPE kernels' current level.");
   m.def("simd", &simd_name, "The instruction set the kernel's dispatch picks on this CPU.");
 }

@@ -36,20 +36,6 @@ typedef uint8_t vb __attribute__((vector_size(VL)));
 typedef double vd __attribute__((vector_size(8 * VL)));
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
-// VL floats from p; a block of n < VL (the row's end) is padded with zeros. FULL blocks
-// copy a constant size, which stays in registers.
-template <bool FULL>
-inline __attribute__((always_inline)) vf load(const float* p, int n) {
-  vf v{};
-  std::memcpy(&v, p, (FULL ? VL : n) * sizeof(float));
-  return v;
-}
-
-template <bool FULL>
-inline __attribute__((always_inline)) void store(float* p, vf v, int n) {
-  std::memcpy(p, &v, (FULL ? VL : n) * sizeof(float));
-}
-
 // Which of the n keys of a block the row may see: the first n, where allow (null: all)
 // is nonzero.
 template <bool FULL>

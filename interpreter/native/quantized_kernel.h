@@ -104,9 +104,6 @@ struct GenericOps {
 };
 
 #if defined(__x86_64__)
-#define MLXG_AVX512 __attribute__((target("arch=x86-64-v4")))
-#define MLXG_AVX2 __attribute__((target("arch=x86-64-v3")))
-
 struct Avx512Ops {
   using F = __m512;
   MLXG_AVX512 static F zero() { return _mm512_setzero_ps(); }

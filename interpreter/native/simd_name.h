@@ -9,6 +9,9 @@
 #if defined(__x86_64__)
 #define MLXG_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+// One function compiled for one level (kernels whose level tests and benchmarks pick).
+#define MLXG_AVX512 __attribute__((target("arch=x86-64-v4")))
+#define MLXG_AVX2 __attribute__((target("arch=x86-64-v3")))
 #else
 #define MLXG_CLONES
 #endif

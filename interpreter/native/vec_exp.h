@@ -12,19 +12,15 @@
 
 #include <cstdint>
 
-namespace mlxgraph_exp {
+#include "vec_block.h"
 
-constexpr int VL = 16;  // floats per step (one AVX-512 register, two AVX2 ones)
-typedef float vf __attribute__((vector_size(4 * VL)));
-typedef int32_t vi __attribute__((vector_size(4 * VL)));
+namespace mlxgraph_exp {
 
 constexpr float LOG2E = 1.44269504088896341f;
 constexpr float LN2_HI = 0.693145751953125f;       // ln2's leading bits: n * LN2_HI is exact
 constexpr float LN2_LO = 1.42860676533018700e-06f; // ln2 - LN2_HI
 // Past this, exp(-|x|) and |x| exp(-|x|) both round to 0 in float32 (below 2^-150).
 constexpr float MAX_ARG = 112.0f;
-
-inline __attribute__((always_inline)) vf splat(float v) { return vf{} + v; }
 
 // 2^-m for 0 <= m <= 126, from the exponent bits (a normal float; m <= 81 here).
 inline __attribute__((always_inline)) vf exp2_neg(vi m) { return (vf)((127 - m) << 23); }
