@@ -46,7 +46,7 @@ def half_matvec_stats(program) -> dict | None:
 
 
 def native_ops_stats() -> dict:
-    """Whether float32 sigmoid/SiLU and the attention softmax run on the native kernels."""
+    """Whether float32 sigmoid/SiLU, attention softmax, RMSNorm, RoPE run on native kernels."""
     from mlxgraph.interpreter import native_activations
 
     return {"native": native_activations.native_module() is not None,
