@@ -25,6 +25,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "attention_softmax.h"
+#include "cpu_eval.h"
 #include "mlx/primitives.h"
 #include "norm_rope.h"
 #include "simd_name.h"
@@ -74,10 +75,7 @@ class Activation : public mx::Primitive {
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const auto& x = inputs[0];
     auto& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(x);
-    encoder.set_output_array(out);
+    auto& encoder = mlxgraph_eval::begin_eval(stream(), inputs, out);
     const float* src = x.data<float>();
     float* dst = out.data<float>();
     size_t n = x.size();

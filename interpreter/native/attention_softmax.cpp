@@ -23,6 +23,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "cpu_eval.h"
 #include "simd_name.h"
 #include "vec_exp.h"
 
@@ -141,10 +142,7 @@ class AttentionSoftmax : public mx::Primitive {
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const auto& x = inputs[0];
     auto& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& in : inputs) encoder.set_input_array(in);
-    encoder.set_output_array(out);
+    auto& encoder = mlxgraph_eval::begin_eval(stream(), inputs, out);
     Job job{x.data<float>(), out.data<float>(), x.shape(0), x.shape(1), x.shape(2), x.shape(3),
             causal_, nullptr, {0, 0, 0, 0}, nullptr};
     size_t next = 1;

@@ -15,6 +15,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "cpu_eval.h"
 #include "norm_rope_rows.h"
 
 namespace mx = mlx::core;
@@ -32,10 +33,7 @@ class RmsNorm : public mx::Primitive {
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const auto& x = inputs[0];
     auto& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& in : inputs) encoder.set_input_array(in);
-    encoder.set_output_array(out);
+    auto& encoder = mlxgraph_eval::begin_eval(stream(), inputs, out);
     RmsJob job{x.data<float>(), weight_ ? inputs[1].data<float>() : nullptr,
                out.data<float>(), {x.shape(), x.strides()}, eps_};
     auto fn = all_levels()[g_level.load()].rms;
@@ -64,10 +62,7 @@ class Rope : public mx::Primitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& in : inputs) encoder.set_input_array(in);
-    encoder.set_output_array(out);
+    auto& encoder = mlxgraph_eval::begin_eval(stream(), inputs, out);
     const auto &x = inputs[0], &c = inputs[1], &s = inputs[2];
     RopeJob job{x.data<float>(), c.data<float>(), s.data<float>(), out.data<float>(),
                 {out.shape(), x.strides()}, {out.shape(), c.strides()},
