@@ -159,12 +159,14 @@ def main(argv=None) -> int:
         print(json.dumps(report, indent=1))
         return 0
     print(report["kernel"])
-    print(f"{'op':24s} {'native min/med ms':>18s} {'MLX ops min/med ms':>19s} {'speedup':>8s}")
+    print(f"{'op':24s} {'native min/med ms':>18s} {'MLX ops min/med ms':>19s} "
+          f"{'MLX/native min/med':>19s}")
     rows = {**report["ops"], f"prefill {PROMPT} (in turns)": report["prefill_in_turns"]}
     for name, r in rows.items():
         n, m = r["native"], r["mlx"]
         print(f"{name:24s} {n['min_ms']:8.3f} /{n['median_ms']:8.3f} "
-              f"{m['min_ms']:9.3f} /{m['median_ms']:8.3f} {m['min_ms'] / n['min_ms']:7.2f}x")
+              f"{m['min_ms']:9.3f} /{m['median_ms']:8.3f} "
+              f"{m['min_ms'] / n['min_ms']:9.2f}x /{m['median_ms'] / n['median_ms']:6.2f}x")
     p = report["prefill_processes"]
     print(f"prefill {PROMPT}, processes alternating the switch (all native ops): on "
           f"{p['on']['min_ms']:.1f} / {p['on']['median_ms']:.1f} ms, off "

@@ -22,23 +22,32 @@ namespace mlxgraph_norm {
 
 using namespace mlxgraph_exp;
 
-// Element offsets of the rows (all axes but the last) of a view with these strides.
+// The rows (all axes but the last) of a view with these strides.
 struct Rows {
   mlx::core::Shape shape;
   mlx::core::Strides strides;
 
-  int64_t count() const {
+  // Each row's element offset, in row-major order (an odometer: no division per row).
+  std::vector<int64_t> offsets() const {
     int64_t n = 1;
-    for (size_t k = 0; k + 1 < shape.size(); ++k) n *= shape[k];
-    return n;
-  }
-  // Row r's first element, or its elements gathered into buf when the last axis is strided.
-  const float* row(const float* base, int64_t r, std::vector<float>& buf) const {
+    const int outer = (int)shape.size() - 1;
+    for (int k = 0; k < outer; ++k) n *= shape[k];
+    std::vector<int64_t> out(n);
+    std::vector<int> idx(outer, 0);
     int64_t off = 0;
-    for (int k = (int)shape.size() - 2; k >= 0; --k) {
-      off += r % shape[k] * strides[k];
-      r /= shape[k];
+    for (int64_t r = 0; r < n; ++r) {
+      out[r] = off;
+      for (int k = outer - 1; k >= 0; --k) {
+        off += strides[k];
+        if (++idx[k] < shape[k]) break;
+        off -= strides[k] * shape[k];
+        idx[k] = 0;
+      }
     }
+    return out;
+  }
+  // The row at this offset, or its elements gathered into buf when the last axis is strided.
+  const float* row(const float* base, int64_t off, std::vector<float>& buf) const {
     const float* p = base + off;
     const int64_t step = strides.back();
     if (step == 1) return p;
@@ -112,8 +121,9 @@ MLXG_INLINE void rope_block(const float* x, const float* c, const float* s, floa
 MLXG_INLINE void rms_rows(const RmsJob& j) {
   thread_local std::vector<float> buf;
   const int d = j.rows.shape.back();
-  for (int64_t r = 0, n = j.rows.count(); r < n; ++r) {
-    const float* x = j.rows.row(j.x, r, buf);
+  const auto offsets = j.rows.offsets();
+  for (size_t r = 0; r < offsets.size(); ++r) {
+    const float* x = j.rows.row(j.x, offsets[r], buf);
     if (j.w) rms_row<true>(x, j.w, j.y + r * d, d, j.eps);
     else rms_row<false>(x, nullptr, j.y + r * d, d, j.eps);
   }
@@ -122,8 +132,10 @@ MLXG_INLINE void rms_rows(const RmsJob& j) {
 MLXG_INLINE void rope_rows(const RopeJob& j) {
   thread_local std::vector<float> bx, bc, bs;
   const int d = j.xr.shape.back(), half = d / 2, full = half - half % VL;
-  for (int64_t r = 0, n = j.xr.count(); r < n; ++r) {
-    const float *x = j.xr.row(j.x, r, bx), *c = j.cr.row(j.c, r, bc), *s = j.sr.row(j.s, r, bs);
+  const auto xo = j.xr.offsets(), co = j.cr.offsets(), so = j.sr.offsets();
+  for (size_t r = 0; r < xo.size(); ++r) {
+    const float *x = j.xr.row(j.x, xo[r], bx), *c = j.cr.row(j.c, co[r], bc),
+                *s = j.sr.row(j.s, so[r], bs);
     float* y = j.y + r * d;
     for (int k = 0; k < full; k += VL) rope_block<true>(x + k, c + k, s + k, y + k, half, VL);
     if (full < half)
