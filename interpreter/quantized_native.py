@@ -37,10 +37,12 @@ class NativeKernel:
     max_rows: int
     reason: str = ""
     half_fn: object = None
+    dequantize_fn: object = None
 
     def describe(self) -> str:
         """One line for the stats: which kernel a QuantizedLinear runs on."""
-        longer = (f"float32 steps of > {max(PREFILL_ROWS, self.max_rows)} rows: dequantize + "
+        how = "native dequantize" if self.dequantize_fn is not None else "dequantize"
+        longer = (f"float32 steps of > {max(PREFILL_ROWS, self.max_rows)} rows: {how} + "
                   "BLAS matmul; otherwise mx.quantized_matmul")
         if self.fn is None:
             return f"{longer} ({self.reason})"
@@ -78,7 +80,8 @@ def native_kernel() -> NativeKernel:
         threads = 1
     module.set_threads(max(1, threads))
     return NativeKernel(module.quantized_matvec, module.simd(), module.threads(),
-                        module.MAX_ROWS, half_fn=module.half_matvec)
+                        module.MAX_ROWS, half_fn=module.half_matvec,
+                        dequantize_fn=module.dequantize)
 
 
 def eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -> bool:
@@ -86,6 +89,13 @@ def eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -> boo
     scales, few rows, a group of whole 16-byte blocks (every format bits and group size)."""
     return (kernel.fn is not None and x.dtype == mx.float32 and scales.dtype in _KERNEL_SCALES
             and x.ndim >= 1 and 1 <= x.size // max(x.shape[-1], 1) <= kernel.max_rows
+            and (group_size * bits // 8) % 16 == 0)
+
+
+def dequantize_eligible(kernel: NativeKernel, scales, group_size: int, bits: int) -> bool:
+    """Whether the native dequantize takes this weight: float32 or float16 scales, a group of
+    whole 16-byte blocks (the native product's rule)."""
+    return (kernel.dequantize_fn is not None and scales.dtype in _KERNEL_SCALES
             and (group_size * bits // 8) % 16 == 0)
 
 

@@ -12,7 +12,12 @@ output to its declared dtype."""
 import mlx.core as mx
 
 from mlxgraph.interpreter.kernels import register
-from mlxgraph.interpreter.quantized_native import eligible, native_kernel, prefill_sized
+from mlxgraph.interpreter.quantized_native import (
+    dequantize_eligible,
+    eligible,
+    native_kernel,
+    prefill_sized,
+)
 
 
 def _widened(scales, biases) -> tuple:
@@ -31,8 +36,13 @@ def quantized_linear(x, weight, scales, biases, bias, group_size, bits):
         y = native.fn(x, weight, scales, biases, group_size, bits)
     elif on_cpu and prefill_sized(x):
         # MLX's CPU quantized_matmul is a plain loop (~20x a float32 matmul at 128 rows):
-        # a prefill-sized step dequantizes the weight and takes the BLAS matmul instead.
-        w = mx.dequantize(weight, *_widened(scales, biases), group_size=group_size, bits=bits)
+        # a prefill-sized step dequantizes the weight and takes the BLAS matmul instead,
+        # natively when it can (MLX's CPU dequantize costs more than the product itself).
+        if dequantize_eligible(native, scales, group_size, bits):
+            w = native.dequantize_fn(weight, scales, biases, group_size, bits)
+        else:
+            w = mx.dequantize(weight, *_widened(scales, biases), group_size=group_size,
+                              bits=bits)
         y = mx.matmul(x, w.T)
     else:
         y = mx.quantized_matmul(x, weight, scales, biases, transpose=True,

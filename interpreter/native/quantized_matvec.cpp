@@ -22,6 +22,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "dequantize.h"
 #include "half_matvec.h"
 #include "matvec_common.h"
 #include "quantized_kernel.h"
@@ -84,20 +85,80 @@ class QuantizedMatvec : public mx::Primitive {
   int group_size_, bits_;
 };
 
+// The float32 weight of a packed one (dequantize.h), for prefill-sized steps.
+class QuantizedDequantize : public mx::Primitive {
+ public:
+  QuantizedDequantize(mx::Stream stream, int group_size, int bits)
+      : mx::Primitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const auto& w = inputs[0];
+    const auto& scales = inputs[1];
+    const auto& biases = inputs[2];
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_input_array(w);
+    encoder.set_input_array(scales);
+    encoder.set_input_array(biases);
+    encoder.set_output_array(out);
+    DequantizeProblem p{w.data<uint8_t>(), scales.data<void>(), biases.data<void>(),
+                        out.data<float>(), (int)out.shape(0), (int)out.shape(1), bits_,
+                        group_size_, scales.dtype() == mx::float16};
+    encoder.dispatch([p]() { dequantize(p); });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxgraph QuantizedDequantize runs on the CPU only");
+  }
+
+  const char* name() const override { return "MlxgraphQuantizedDequantize"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const QuantizedDequantize&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_;
+  }
+
+ private:
+  int group_size_, bits_;
+};
+
+// Shapes and dtypes both native entry points need: bits 4 or 8, whole 16-byte blocks per
+// group, uint32 w [N, K * bits / 32], scales/biases [N, K / group_size] of one float dtype.
+void check_packed(const char* what, const mx::array& w, const mx::array& scales,
+                  const mx::array& biases, int k, int group_size, int bits) {
+  const std::string name(what);
+  if ((bits != 4 && bits != 8) || group_size <= 0 || group_size * bits / 8 % BLOCK != 0)
+    throw std::invalid_argument(name + ": unsupported bits or group size");
+  if (w.dtype() != mx::uint32 || w.ndim() != 2 ||
+      (scales.dtype() != mx::float32 && scales.dtype() != mx::float16) ||
+      biases.dtype() != scales.dtype() || scales.ndim() != 2)
+    throw std::invalid_argument(name + ": uint32 w, float32 or float16 scales and biases");
+  if ((long)w.shape(1) * 32 / bits != k || k % group_size != 0 ||
+      scales.shape(0) != w.shape(0) || scales.shape(1) != k / group_size ||
+      biases.shape() != scales.shape())
+    throw std::invalid_argument(name + ": shapes do not match");
+}
+
+mx::array quantized_dequantize(const mx::array& w, const mx::array& scales,
+                               const mx::array& biases, int group_size, int bits) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument("dequantize: unsupported bits");
+  const int k = w.ndim() == 2 ? (int)((long)w.shape(1) * 32 / bits) : 0;
+  check_packed("dequantize", w, scales, biases, k, group_size, bits);
+  auto s = mx::default_stream(mx::Device::cpu);
+  return mx::array({w.shape(0), k}, mx::float32,
+                   std::make_shared<QuantizedDequantize>(s, group_size, bits),
+                   {row_major(w, s), row_major(scales, s), row_major(biases, s)});
+}
+
 // The checks the kernel relies on; the Python side only calls it for eligible shapes.
 mx::array quantized_matvec(const mx::array& x_in, const mx::array& w, const mx::array& scales,
                            const mx::array& biases, int group_size, int bits) {
-  if ((bits != 4 && bits != 8) || group_size * bits / 8 % BLOCK != 0)
-    throw std::invalid_argument("quantized_matvec: unsupported bits or group size");
-  if (x_in.dtype() != mx::float32 || w.dtype() != mx::uint32 || w.ndim() != 2 ||
-      (scales.dtype() != mx::float32 && scales.dtype() != mx::float16) ||
-      biases.dtype() != scales.dtype())
-    throw std::invalid_argument(
-        "quantized_matvec: float32 x, uint32 w, float32 or float16 scales and biases");
+  if (x_in.dtype() != mx::float32 || x_in.ndim() < 1)
+    throw std::invalid_argument("quantized_matvec: float32 x");
   const int k = x_in.shape(-1);
-  if ((long)w.shape(1) * 32 / bits != k || k % group_size != 0 ||
-      x_in.size() / k > MAX_ROWS || scales.shape(0) != w.shape(0) ||
-      scales.shape(1) != k / group_size || biases.shape() != scales.shape())
+  check_packed("quantized_matvec", w, scales, biases, k, group_size, bits);
+  if (k == 0 || x_in.size() / k > MAX_ROWS)
     throw std::invalid_argument("quantized_matvec: shapes do not match");
   auto s = mx::default_stream(mx::Device::cpu);
   auto shape = x_in.shape();
@@ -113,6 +174,9 @@ NB_MODULE(_quantized_matvec, m) {
   m.def("quantized_matvec", &quantized_matvec, nb::arg("x"), nb::arg("w"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
         "x @ dequantize(w).T for float32 x of at most 8 rows (lazy MLX array).");
+  m.def("dequantize", &quantized_dequantize, nb::arg("w"), nb::arg("scales"),
+        nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
+        "The float32 [N, K] weight of a packed one, scale * code + bias (lazy MLX array).");
   m.def("half_matvec", &half_matvec, nb::arg("x"), nb::arg("w"),
         "x @ w.T in float32 for float16 or bfloat16 x of at most 8 rows and w of x's dtype.");
   m.def("simd", &simd_name, "The instruction set the kernel's dispatch picks on this CPU.");
