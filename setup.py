@@ -38,7 +38,8 @@ ROUTER = Extension(
 
 
 # Headers a native module's source includes (a change rebuilds it).
-HEADERS = {"quantized_matvec": ["interpreter/native/dequantize.h",
+HEADERS = {"quantized_matvec": ["interpreter/native/cpu_eval.h",
+                                "interpreter/native/dequantize.h",
                                 "interpreter/native/half_matvec.h",
                                 "interpreter/native/half_widen.h",
                                 "interpreter/native/matvec_common.h",

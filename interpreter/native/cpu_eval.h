@@ -1,5 +1,5 @@
-// The start of eval_cpu that mlxgraph's float32 MLX primitives share (activations.cpp,
-// attention_softmax.cpp, norm_rope.cpp).
+// The start of eval_cpu that mlxgraph's MLX primitives share (activations.cpp,
+// attention_softmax.cpp, norm_rope.cpp, quantized_matvec.cpp, half_matvec.h).
 #pragma once
 
 #include <vector>

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "cpu_eval.h"
 #include "half_widen.h"
 #include "matvec_common.h"
 #include "mlx/allocator.h"
@@ -110,11 +111,7 @@ class HalfMatvec : public hmx::Primitive {
     const auto& x = inputs[0];
     const auto& w = inputs[1];
     auto& out = outputs[0];
-    out.set_data(hmx::allocator::malloc(out.nbytes()));
-    auto& encoder = hmx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(x);
-    encoder.set_input_array(w);
-    encoder.set_output_array(out);
+    auto& encoder = mlxgraph_eval::begin_eval(stream(), inputs, out);
     const bool bf16 = x.dtype() == hmx::bfloat16;
     HalfProblem p{nullptr, w.data<uint16_t>(), out.data<float>(), (int)(x.size() / x.shape(-1)),
                   (int)w.shape(0), (int)x.shape(-1), bf16};

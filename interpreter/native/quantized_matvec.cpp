@@ -22,6 +22,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "cpu_eval.h"
 #include "dequantize.h"
 #include "half_matvec.h"
 #include "matvec_common.h"
@@ -46,13 +47,7 @@ class QuantizedMatvec : public mx::Primitive {
     const auto& scales = inputs[2];
     const auto& biases = inputs[3];
     auto& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(x);
-    encoder.set_input_array(w);
-    encoder.set_input_array(scales);
-    encoder.set_input_array(biases);
-    encoder.set_output_array(out);
+    auto& encoder = mlxgraph_eval::begin_eval(stream(), inputs, out);
     QuantizedProblem p{x.data<float>(), w.data<uint8_t>(), scales.data<void>(),
                        biases.data<void>(), out.data<float>(), (int)(x.size() / x.shape(-1)),
                        (int)w.shape(0), (int)x.shape(-1), bits_, group_size_,
@@ -96,12 +91,7 @@ class QuantizedDequantize : public mx::Primitive {
     const auto& scales = inputs[1];
     const auto& biases = inputs[2];
     auto& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(w);
-    encoder.set_input_array(scales);
-    encoder.set_input_array(biases);
-    encoder.set_output_array(out);
+    auto& encoder = mlxgraph_eval::begin_eval(stream(), inputs, out);
     DequantizeProblem p{w.data<uint8_t>(), scales.data<void>(), biases.data<void>(),
                         out.data<float>(), (int)out.shape(0), (int)out.shape(1), bits_,
                         group_size_, scales.dtype() == mx::float16};
