@@ -89,6 +89,7 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/batch_bench.py
 	$(PY) benchmarks/ragged_attention_bench.py
 	$(PY) benchmarks/norm_rope_bench.py
+	$(PY) benchmarks/tile_bench.py
 	$(PY) benchmarks/quantized_bench.py
 
 # Quantized weights against llama.cpp alone (part of bench).
