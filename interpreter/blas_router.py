@@ -169,8 +169,8 @@ COUNTS = ("sgemv", "small", "sgemm", "threaded", "tile")
 
 def router_counts(path: str) -> dict:
     """How many cblas_sgemm calls the router (already loaded from ``path``) sent to sgemv,
-    to its few-row kernel and to sgemm in this process, and how many of them were given
-    more than one thread (zeros when no router is loaded)."""
+    to its few-row kernel, to sgemm and to its many-row kernel ("tile") in this process,
+    and how many of them were given more than one thread (zeros when no router is loaded)."""
     if not path:
         return dict.fromkeys(COUNTS, 0)
     router = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)

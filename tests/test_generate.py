@@ -69,6 +69,37 @@ def test_loop_stops_at_stop_id(oracle):
     assert session.length == len(PROMPT) + upto - 1
 
 
+def _holds_exactly(program, session, ids):
+    """The session holds exactly ``ids``: its length, and its next step's logits equal a
+    fresh session's over ``ids`` and that token in one step."""
+    assert session.length == len(ids) - 1
+    got = np.array(session.step(mx.array([ids[-1:]], dtype=mx.int32), [len(ids) - 1]))
+    fresh = program.session().step(mx.array([ids], dtype=mx.int32), range(len(ids)))
+    np.testing.assert_allclose(got[0, -1], np.array(fresh)[0, -1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("hook", [False, True], ids=["one-pass", "on_prefilled"])
+@pytest.mark.parametrize("chunk", [4, 512])  # 4: the prompt in two chunks
+def test_loop_edges_leave_the_history_exact(oracle, chunk, hook):
+    """max_tokens 1..3, the consumer stopping after each token, a stop id first: every
+    token is the naive loop's and the session holds the prompt and all of them but the last
+    (the first token is handed over before step 2 is queued; the queued step is rewound)."""
+    program, want = oracle
+    kw = {"prefill_chunk": chunk, "on_prefilled": (lambda s: None) if hook else None}
+    for max_tokens in (1, 2, 3):
+        for stop_after in range(1, max_tokens + 1):
+            session = program.session()
+            steps = generate(session, PROMPT, Sampler(), max_tokens, **kw)
+            got = [next(steps) for _ in range(stop_after)]
+            steps.close()
+            assert got == want[:stop_after], (max_tokens, stop_after)
+            _holds_exactly(program, session, PROMPT + got)
+    session, stats = program.session(), GenerationStats()
+    got = list(generate(session, PROMPT, Sampler(), 5, stop_ids=[want[0]], stats=stats, **kw))
+    assert got == want[:1] and stats.stop_reason == "eos" and stats.generated_tokens == 1
+    _holds_exactly(program, session, PROMPT + got)
+
+
 def test_loop_sampling_reproducible(oracle):
     program, _ = oracle
     runs = [
