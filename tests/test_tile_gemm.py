@@ -6,6 +6,7 @@ order/transpose/stride/alpha/beta case of it directly: tests/test_blas_router.py
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -36,6 +37,7 @@ def router():
 
 _TILE_PATH = """
 import json
+import shutil
 from mlxgraph.interpreter.blas import preload_blas
 from mlxgraph.interpreter.blas_router import router_counts
 info = preload_blas()
@@ -122,3 +124,38 @@ def test_graph_steps_on_the_tile_kernel_match_the_dense_oracle(router, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["tile"] >= 8 and got["worst"] < 2e-4, got
+
+
+_NO_AVX512_DRIVER = r"""
+#include <stdio.h>
+#include "tile_gemm.h"
+int mlxgraph_router_tile(int mode);
+int main(void) {
+    float x[9 * 4] = {1}, w[12 * 4] = {1}, out[9 * 12];
+    for (int i = 0; i < 9 * 12; i++) out[i] = -3.5f;
+    int got = tile_gemm(9, 12, 4, 1.0f, x, 4, 1, w, 4, 1, 0.0f, out, 12, 1, 2);
+    int untouched = 1;
+    for (int i = 0; i < 9 * 12; i++) untouched &= out[i] == -3.5f;
+    printf("%d %d %d %d\n", tile_gemm_available() != 0, mlxgraph_router_tile(2), got, untouched);
+    return 0;
+}
+"""
+
+
+def test_a_cpu_without_avx512_keeps_the_blas(tmp_path):
+    """Under valgrind (whose x86-64 CPU has no AVX-512) the kernel says it cannot run, the
+    router keeps the BLAS for every mode and a call refuses without writing C; natively it
+    runs exactly when the CPU has AVX-512 (blas_helpers.has_avx512)."""
+    cc, valgrind = shutil.which("cc") or shutil.which("gcc"), shutil.which("valgrind")
+    if not cc or not valgrind:
+        pytest.skip("needs a C compiler and valgrind")
+    native = ROOT / "interpreter" / "native"
+    (tmp_path / "driver.c").write_text(_NO_AVX512_DRIVER)
+    exe = tmp_path / "driver"
+    sources = [native / f for f in ("blas_router.c", "small_gemm.c", "tile_gemm.c", "pool.c")]
+    subprocess.run([cc, "-O0", "-pthread", "-Wno-psabi", f"-I{native}", tmp_path / "driver.c",
+                    *sources, "-ldl", "-o", exe], check=True, capture_output=True, timeout=120)
+    on = "1 2 0 0" if has_avx512() else "0 0 -1 1"
+    assert subprocess.run([exe], capture_output=True, text=True).stdout.split() == on.split()
+    emulated = subprocess.run([valgrind, "-q", exe], capture_output=True, text=True, timeout=120)
+    assert emulated.stdout.split() == ["0", "0", "-1", "1"], emulated.stderr[-1000:]
