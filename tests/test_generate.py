@@ -100,6 +100,35 @@ def test_loop_edges_leave_the_history_exact(oracle, chunk, hook):
     _holds_exactly(program, session, PROMPT + got)
 
 
+class _FailingSampler(Sampler):
+    """Greedy, but its call number ``fail_at`` raises: after the step it samples from went
+    into the session, as a Ctrl-C while a step is queued can."""
+
+    def __init__(self, fail_at):
+        super().__init__()
+        self.calls, self.fail_at = 0, fail_at
+
+    def __call__(self, logits):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise KeyboardInterrupt
+        return super().__call__(logits)
+
+
+@pytest.mark.parametrize("fail_at", [2, 3, 4])
+def test_an_exception_while_queueing_leaves_the_history_exact(oracle, fail_at):
+    """Sampling step 2 (queued after the first token is handed over), or a later step
+    (queued before its token is read), fails after its step was fed: the session still
+    holds the prompt and every token handed over but the last, not the step fed ahead."""
+    program, want = oracle
+    session, got = program.session(), []
+    with pytest.raises(KeyboardInterrupt):
+        for token in generate(session, PROMPT, _FailingSampler(fail_at), 8):
+            got.append(token)
+    assert got == want[: max(1, fail_at - 2)], got
+    _holds_exactly(program, session, PROMPT + got)
+
+
 def test_loop_sampling_reproducible(oracle):
     program, _ = oracle
     runs = [

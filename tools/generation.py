@@ -104,7 +104,8 @@ def generate(
     stop = frozenset(int(s) for s in stop_ids)
     if hasattr(sampler, "begin"):
         sampler.begin(prompt_ids)
-    fed_ahead = False
+    # The history to leave: the prompt and every token handed over but the last.
+    start, handed = session.length, 0
     t0 = time.perf_counter()
     chunk, ids = max(1, int(prefill_chunk)), list(prompt_ids)
     # The prompt's last step (its last chunk, or its last token alone when on_prefilled
@@ -124,8 +125,7 @@ def generate(
             # Queue step n+1 on the lazy token n before waiting for token n, but not while
             # the prompt computes: building a step takes CPU time from the prefill (its
             # first token came ~10% later on this 2-core machine).
-            fed_ahead = 1 < n < max_tokens
-            if fed_ahead:
+            if 1 < n < max_tokens:
                 next_y = _queue_step(session, y, sampler)
             token = int(y.item())
             now = time.perf_counter()
@@ -133,7 +133,7 @@ def generate(
                 t_first = now
                 stats.prefill_seconds = now - t0
             stats.decode_seconds = now - t_first
-            stats.generated_tokens = n
+            stats.generated_tokens = handed = n
             yield token
             if token in stop:
                 stats.stop_reason = "eos"
@@ -143,16 +143,18 @@ def generate(
                 # async_eval blocks while many of its CPU kernels are in flight (queueing a
                 # small-model decode step returned after ~25 of its ~34 ms), so queueing it
                 # first held the first token back by most of a decode step.
-                next_y, fed_ahead = _queue_step(session, y, sampler), True
+                next_y = _queue_step(session, y, sampler)
             if n < max_tokens:
                 y = next_y
         stats.stop_reason = "max_tokens"
     finally:
-        if fed_ahead:
-            # The step fed after the final token is not part of the history.
-            session.trim(1)     # (also reads back every pending index check)
+        # A step fed ahead is not part of the history, nor one that went in before an
+        # exception (Ctrl-C, the sampler) cut its queueing short: rewound by the lengths.
+        extra = session.length - (start + len(ids) + max(handed - 1, 0))
+        if extra > 0:
+            session.trim(extra)  # (also reads back every pending index check)
         else:
-            session.check()     # the last steps' index checks (interpreter/index_guard.py)
+            session.check()  # the last steps' index checks (interpreter/index_guard.py)
 
 
 __all__ = ["GenerationStats", "generate", "prefill"]
