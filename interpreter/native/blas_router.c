@@ -166,14 +166,17 @@ static int row_major_small(int ta, int tb, int M, int N, int K, float alpha, con
 /* Whether tile_gemm.c beats the BLAS's sgemm on a product: where the rows are few (9..160:
  * batched decode rows, short prompts, a 128-token prefill) and the weight large enough.
  * Measured against scipy-openblas32 0.3.34 on this repository's AVX-512 Xeon, calls
- * interleaved in one process (benchmarks/tile_bench.py), x @ W.T, one and two threads:
+ * interleaved in one process (benchmarks/tile_bench.py), x @ W.T (W's rows along k, a
+ * Linear's weight), one and two threads:
  * 9-32 rows 1.2-1.5x at 256x256 .. 1024x1024; 64 rows 1.0-1.15x at 256-wide weights,
  * 1.33-1.38x at 1024x1024; 128 rows 1.1-1.2x at 1024x1024 and 1024x2816 but 0.92-1.04x
  * with N or K under 1024 (packing X and writing C weigh more); 192-512 rows 0.94-1.02x;
- * attention's 64-wide products 0.6-0.8x. Everything else stays with the BLAS. */
-static int wants_tile(int M, int N, int K) {
+ * attention's 64-wide products 0.6-0.8x; x @ W with W's rows along n (attention's P @ V:
+ * each k step reads a part of a line of another row) 0.77-0.95x even at 64 x 4096 x 256.
+ * Everything else stays with the BLAS. */
+static int wants_tile(int M, int N, int K, int w_along_k) {
     if (tiling == TILE_ALWAYS) return 1;
-    if (M < 9 || M > 160) return 0;
+    if (M < 9 || M > 160 || !w_along_k) return 0;
     return M <= 64 ? N >= 256 && K >= 256 : N >= 1024 && K >= 512;
 }
 
@@ -264,7 +267,7 @@ void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, co
         count(N_SMALL);
         return;
     }
-    if (routable && !matvec && tiling && wants_tile(M, N, K) &&
+    if (routable && !matvec && tiling && wants_tile(M, N, K, tb != NO_TRANS) &&
         row_major_tile(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
                        threads > 0 ? threads : 1) == 0) {
         count(N_TILE);
