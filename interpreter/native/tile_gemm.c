@@ -33,12 +33,8 @@
 
 #define MR 32        /* rows of X per panel (two vectors) */
 #define NR 12        /* columns of C (rows of W) per tile */
-#ifndef KC_MAX
-#define KC_MAX 1024
-#endif
-#ifndef MC
-#define MC 128       /* rows of X per pass */
-#endif
+#define KC_MAX 1024  /* depth of a k block: 2048 and 4096 measured 10-30% slower */
+#define MC 128       /* rows of X per pass (96 and 256 measured no faster) */
 #define INLINE static inline __attribute__((always_inline))
 
 int tile_gemm_available(void) {
