@@ -36,10 +36,29 @@ namespace {
 
 using namespace mlxgraph_native;
 
-class QuantizedMatvec : public mx::Primitive {
+// What the packed-weight primitives share: the format's group size and bits (two nodes with
+// equal ones are the same computation), and the CPU only.
+class PackedWeightPrimitive : public mx::Primitive {
  public:
-  QuantizedMatvec(mx::Stream stream, int group_size, int bits)
+  PackedWeightPrimitive(mx::Stream stream, int group_size, int bits)
       : mx::Primitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error(std::string("mlxgraph ") + name() + " runs on the CPU only");
+  }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const PackedWeightPrimitive&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_;
+  }
+
+ protected:
+  int group_size_, bits_;
+};
+
+class QuantizedMatvec : public PackedWeightPrimitive {
+ public:
+  using PackedWeightPrimitive::PackedWeightPrimitive;
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const auto& x = inputs[0];
@@ -65,26 +84,13 @@ class QuantizedMatvec : public mx::Primitive {
     }
   }
 
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("mlxgraph QuantizedMatvec runs on the CPU only");
-  }
-
   const char* name() const override { return "MlxgraphQuantizedMatvec"; }
-
-  bool is_equivalent(const mx::Primitive& other) const override {
-    auto& o = static_cast<const QuantizedMatvec&>(other);
-    return group_size_ == o.group_size_ && bits_ == o.bits_;
-  }
-
- private:
-  int group_size_, bits_;
 };
 
 // The float32 weight of a packed one (dequantize.h), for prefill-sized steps.
-class QuantizedDequantize : public mx::Primitive {
+class QuantizedDequantize : public PackedWeightPrimitive {
  public:
-  QuantizedDequantize(mx::Stream stream, int group_size, int bits)
-      : mx::Primitive(stream), group_size_(group_size), bits_(bits) {}
+  using PackedWeightPrimitive::PackedWeightPrimitive;
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const auto& w = inputs[0];
@@ -98,19 +104,7 @@ class QuantizedDequantize : public mx::Primitive {
     encoder.dispatch([p]() { dequantize(p); });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("mlxgraph QuantizedDequantize runs on the CPU only");
-  }
-
   const char* name() const override { return "MlxgraphQuantizedDequantize"; }
-
-  bool is_equivalent(const mx::Primitive& other) const override {
-    auto& o = static_cast<const QuantizedDequantize&>(other);
-    return group_size_ == o.group_size_ && bits_ == o.bits_;
-  }
-
- private:
-  int group_size_, bits_;
 };
 
 // Shapes and dtypes both native entry points need: bits 4 or 8, whole 16-byte blocks per
