@@ -1,8 +1,16 @@
 # mlxgraph: every target creates or reuses the virtual environment in .venv.
+SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Every install goes through the lock (exact versions, pip constraints, also applied to the
+# isolated build environments through PIP_CONSTRAINT); `make lock` regenerates it on purpose.
+LOCK := requirements.lock
+PIP_LOCKED := PIP_CONSTRAINT=$(CURDIR)/$(LOCK) $(PY) -m pip install -q --disable-pip-version-check
+LOCK_VENV := .venv-lock
+# make test-latest: the newest releases pyproject.toml allows, in a venv of its own.
+LATEST_VENV := .venv-latest
 BENCH_STAMP := $(VENV)/.installed-bench
 # llama.cpp for the quantized benchmark: llama-cpp-python (pinned in pyproject's bench extra)
 # builds from source, only its library; its sdist also holds llama.cpp's GGUF converter,
@@ -22,19 +30,18 @@ OUT := out
 DEMO_SAMPLING := --max-tokens 96 --temperature 0.6 --top-k 40 --seed 3
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv demo test test-slow generate lint bench bench-quantized blas
+.PHONY: venv lock demo test test-latest test-slow generate lint bench bench-quantized blas
 
 # setup.py builds the optional native parts (interpreter/native/: the C BLAS router and the
 # quantized matrix-vector kernel) in place.
-$(STAMP): pyproject.toml setup.py $(wildcard interpreter/native/*.c interpreter/native/*.h \
+$(STAMP): pyproject.toml setup.py $(LOCK) $(wildcard interpreter/native/*.c interpreter/native/*.h \
 		interpreter/native/*.cpp)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[export,dev,serve]"
+	$(PIP_LOCKED) -e ".[export,dev,serve]"
 	touch $(STAMP)
 
 $(BENCH_STAMP): $(STAMP)
-	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PY) -m pip install -q --disable-pip-version-check \
-		-e ".[export,dev,serve,bench]"
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PIP_LOCKED) -e ".[export,dev,serve,bench]"
 	rm -rf $(LLAMA_CPP_SRC) && mkdir -p $(LLAMA_CPP_SRC)/sdist
 	$(PY) -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
 		-d $(LLAMA_CPP_SRC)/sdist llama-cpp-python==$(LLAMA_CPP_VERSION)
@@ -46,6 +53,16 @@ $(BENCH_STAMP): $(STAMP)
 	touch $(BENCH_STAMP)
 
 venv: $(STAMP)
+
+# One clean resolution of every extra the Makefile installs, plus the build requirements,
+# written as exact versions (scripts/write_lock.py). Nothing is installed: pip --dry-run.
+lock:
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	PIP_CONSTRAINT= $(LOCK_VENV)/bin/pip install -q --disable-pip-version-check --dry-run \
+		--ignore-installed --report $(LOCK_VENV)/report.json \
+		".[export,dev,serve,bench]" "setuptools>=68" "nanobind==3.1.0"
+	$(LOCK_VENV)/bin/python scripts/write_lock.py $(LOCK_VENV)/report.json $(LOCK)
+	rm -rf $(LOCK_VENV)
 
 # Debian's OpenBLAS: optional (pip's scipy-openblas32 is the default fast BLAS); the BLAS
 # benchmark compares the two (README, "Fast BLAS").
@@ -65,6 +82,17 @@ demo: $(STAMP)
 TEST_WORKERS ?= auto
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+
+# Drift seen before it is suffered: the suite on the newest releases pyproject.toml allows.
+test-latest:
+	test -x $(LATEST_VENV)/bin/python || $(PYTHON) -m venv $(LATEST_VENV)
+	PIP_CONSTRAINT= $(LATEST_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+		--upgrade --upgrade-strategy eager -e ".[export,dev,serve]"
+	@# what differs from the lock: each newer (or new) package, one line
+	$(LATEST_VENV)/bin/python -m pip freeze --exclude-editable | tr 'A-Z_' 'a-z-' | sort \
+		| comm -13 <(grep -v '^#' $(LOCK) | sort) - | sed 's/^/test-latest: not the lock: /'
+	$(LATEST_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope \
+		--no-loadscope-reorder
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
