@@ -48,6 +48,13 @@ TINY_ARCHS = {
         },
     ),
     "phi3": ("phi3", {"num_hidden_layers": 2, "num_key_value_heads": 4}),
+    # Falcon-7B's layout (one K/V head, attention and MLP in parallel off one LayerNorm):
+    # through transformers' AttentionInterface since 5.25, so it exports, and must be exact.
+    "falcon": (
+        "falcon",
+        {"num_hidden_layers": 2, "multi_query": True, "new_decoder_architecture": False,
+         "parallel_attn": True},
+    ),
 }
 _SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4}
 
