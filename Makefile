@@ -30,7 +30,7 @@ OUT := out
 DEMO_SAMPLING := --max-tokens 96 --temperature 0.6 --top-k 40 --seed 3
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv lock demo test test-latest test-slow generate lint bench bench-quantized blas
+.PHONY: venv lock demo test test-latest test-slow generate lint bench bench-quantized figures blas
 
 # setup.py builds the optional native parts (interpreter/native/: the C BLAS router and the
 # quantized matrix-vector kernel) in place.
@@ -119,6 +119,10 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/norm_rope_bench.py
 	$(PY) benchmarks/tile_bench.py
 	$(PY) benchmarks/quantized_bench.py
+
+# The peer comparisons that README.md and docs/ cite, measured again into docs/figures.md.
+figures: $(BENCH_STAMP)
+	$(PY) benchmarks/figures.py
 
 # Quantized weights against llama.cpp alone (part of bench).
 bench-quantized: $(BENCH_STAMP)

@@ -16,14 +16,18 @@ ignored, each in its own process (benchmarks/engines/*_engine.py). Engines:
   mlxgraph-2-threads  MLXGRAPH_BLAS_THREADS=2: every product on 2 threads
   mlxgraph-mlx-silu   MLXGRAPH_NATIVE_ACTIVATIONS=0: MLX's own (one element at a time) SiLU
   mlxgraph-debian     Debian's OpenBLAS 0.3.21 instead of scipy-openblas32 (when installed)
-  mlx-lm              as its users run it: the same OpenBLAS preloaded, no router
-  transformers        torch eager, torch's own BLAS and threads
+  mlx-lm              as its users run it: imported as installed, MLX's own BLAS
+  mlx-lm+openblas     labelled extra row: mlxgraph's OpenBLAS preloaded under it, no router
+  transformers        torch eager, torch's defaults (its own BLAS and threads)
 Then, for the last size, decode after a long prompt (--contexts, default 1k and 4k tokens,
 32 new tokens), where attention's share of each token grows.
 Printed: prefill and decode tok/s per engine, ratios mlxgraph/peer, whether the greedy
 tokens are identical, and decode as a fraction of this machine's memory-bandwidth bound
 (bandwidth measured in the same run with numpy; bound = bandwidth / bytes read per decoded
-token: every weight except the embedding table, plus the KV cache at the average context).
+token: every weight except the embedding table, plus the KV cache at the average context),
+with each engine's decode as bytes per token x tok/s in GB/s. The bandwidth is every core
+reading at once (benchmarks/machine.py); the machine's CPU and its load average at the start
+and the end are printed: a loaded machine is reported, never compensated.
 Each finished part is also saved to WORKDIR/generate_bench.json as it completes, so a run
 cut short keeps what it measured.
 
@@ -39,8 +43,9 @@ import sys
 import time
 from pathlib import Path
 
-from generate_figures import COMMON, SIZES, measure_bandwidth, merge, report
+from generate_figures import COMMON, SIZES, merge, report
 from generate_report import print_report
+from machine import load_average, machine_facts, measure_bandwidth
 
 from mlxgraph.schema.format import format_version
 from mlxgraph.tools.output import json_header_for
@@ -58,7 +63,10 @@ ENGINES = {
     "mlxgraph-2-threads": ("mlxgraph_engine.py", "graph", {"MLXGRAPH_BLAS_THREADS": "2"}),
     "mlxgraph-mlx-silu": ("mlxgraph_engine.py", "graph", {"MLXGRAPH_NATIVE_ACTIVATIONS": "0"}),
     "mlxgraph-debian": ("mlxgraph_engine.py", "graph", {"MLXGRAPH_BLAS": "libopenblas.so.0"}),
-    "mlx-lm": ("mlx_lm_engine.py", "folder", {"MLXGRAPH_BLAS_ROUTER": "0"}),
+    "mlx-lm": ("mlx_lm_engine.py", "folder", {}),
+    "mlx-lm+openblas": (
+        "mlx_lm_engine.py", "folder", {"BENCH_PRELOAD_BLAS": "1", "MLXGRAPH_BLAS_ROUTER": "0"}
+    ),
     "transformers": ("transformers_engine.py", "folder", {}),
 }
 LONG_CONTEXT_ENGINES = ("mlxgraph", "mlxgraph-no-router", "mlx-lm", "transformers")
@@ -246,7 +254,7 @@ def main(argv=None) -> int:
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
-    load_before = os.getloadavg()[0]
+    facts = machine_facts()
     log("measuring memory bandwidth ...")
     bandwidth = measure_bandwidth()
     contexts = [int(c) for c in args.contexts.split(",") if c]
@@ -266,8 +274,7 @@ def main(argv=None) -> int:
         "runs": args.runs,
         "rounds": args.rounds,
         "bandwidth": bandwidth,
-        "cpus": os.cpu_count(),
-        "load_average": [load_before, None],
+        "machine": facts,
         "sizes": [],
         "long_context": {"size": sizes[-1] if sizes else None, "runs": []},
     }
@@ -276,7 +283,7 @@ def main(argv=None) -> int:
     partial = workdir / "generate_bench.json"
 
     def save():
-        doc["load_average"][1] = os.getloadavg()[0]
+        facts["load_end"] = load_average()
         partial.write_text(json.dumps(doc, indent=1))
 
     for s in sizes:

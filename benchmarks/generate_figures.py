@@ -1,9 +1,5 @@
-"""The generate benchmark's models and figures: sizes, memory bandwidth, the decode bound,
-ratios, token agreement (benchmarks/generate_bench.py)."""
-
-import time
-
-import numpy as np
+"""The generate benchmark's models and figures: sizes, the decode bound, ratios, token
+agreement (benchmarks/generate_bench.py; the bandwidth comes from benchmarks/machine.py)."""
 
 SIZES = {
     "tiny": dict(
@@ -31,26 +27,6 @@ COMMON = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
-
-def measure_bandwidth(mib: int = 256, repeats: int = 5) -> dict:
-    """Best-of-``repeats`` memory bandwidth in bytes/s: a copy (read + write bytes) and a
-    read-only pass (a dot product of the two halves). ``bound`` is the larger."""
-    a = np.ones(mib * 2**20 // 4, dtype=np.float32)
-    b = np.empty_like(a)
-    half = a.size // 2
-
-    def best(fn):
-        t = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            t = min(t, time.perf_counter() - t0)
-        return t
-
-    copy = 2 * a.nbytes / best(lambda: np.copyto(b, a))
-    read = a.nbytes / best(lambda: np.dot(a[:half], a[half:]))
-    return {"copy": copy, "read": read, "bound": max(copy, read)}
-
 
 def bytes_per_token(cfg: dict, context: float, dtype_bytes: int = 4) -> float:
     """Bytes read to decode one token: all weights but the embedding table (one row), the
@@ -100,6 +76,7 @@ def report(cfg, engines: dict, context: float, bandwidth: dict) -> dict:
     bound = bandwidth["bound"] / per_token
     for r in engines.values():
         r["decode_fraction_of_bound"] = r["decode_tps"] / bound
+        r["decode_bytes_per_s"] = r["decode_tps"] * per_token
     ours = engines["mlxgraph"]
     peers = [e for e in engines if e != "mlxgraph"]
     return {

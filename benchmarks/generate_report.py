@@ -1,5 +1,7 @@
 """The generate benchmark's table (benchmarks/generate_bench.py builds the document)."""
 
+from machine import describe
+
 
 def _engine_rows(engines: dict) -> None:
     print(
@@ -9,7 +11,7 @@ def _engine_rows(engines: dict) -> None:
     for name, r in engines.items():
         print(
             f"  {name:<20}{r['prefill_tps']:>14.1f}{r['decode_tps']:>14.1f}"
-            f"{r['decode_tps_median']:>10.1f}"
+            f"{r['decode_tps_median']:>10.1f}{r['decode_bytes_per_s'] / 1e9:>7.1f}"
             f"{r['decode_fraction_of_bound']:>10.0%}{r['peak_rss_bytes'] / 2**20:>8.0f}Mi  "
             f"{r['blas'].split('; /')[0]}"
         )
@@ -33,11 +35,7 @@ def print_report(doc: dict) -> None:
         f"{doc['runs']} runs "
         f"after a warm-up: best run (median in brackets)"
     )
-    print(
-        f"memory bandwidth: copy {bw['copy'] / 1e9:.1f} GB/s, read {bw['read'] / 1e9:.1f} GB/s "
-        f"(bound uses {bw['bound'] / 1e9:.1f} GB/s); {doc['cpus']} CPUs, load average "
-        f"{doc['load_average'][0]:.1f} at the start, {doc['load_average'][1]:.1f} at the end"
-    )
+    print(f"machine: {describe(doc['machine'], bw)}; the bound uses {bw['bound'] / 1e9:.1f} GB/s")
     for rep in doc["sizes"]:
         c = rep["config"]
         print(

@@ -121,7 +121,6 @@ def worker(graph: str, windows_file: str, options: str) -> int:
 def llama_worker(gguf: str, windows_file: str) -> int:
     """Child process: the summed NLL per window under llama.cpp (llama-cpp-python) on a
     GGUF file, every position's logits from one batch per window, as JSON."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as benchmarks/engines/llama_cpp_engine
     import numpy as np
     from llama_cpp import Llama
 
@@ -129,7 +128,7 @@ def llama_worker(gguf: str, windows_file: str) -> int:
 
     wins = json.loads(Path(windows_file).read_text())
     longest = max(len(w) for w in wins)
-    threads = min(2, os.cpu_count() or 1)
+    threads = os.cpu_count() or 1  # as llama.cpp's users run it: a thread per core
     llm = Llama(model_path=gguf, n_ctx=longest, n_batch=longest, n_ubatch=longest,
                 logits_all=True, n_threads=threads, n_threads_batch=threads, verbose=False)
     nll, t0 = [], time.perf_counter()

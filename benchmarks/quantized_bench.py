@@ -18,7 +18,13 @@ converter; without them the llama.cpp rows are skipped and say why). Every engin
 its own process (benchmarks/engines/): a ``--prompt``-token prompt, then ``--decode``
 greedy tokens, best of ``--runs``; printed are file size (and its ratio to the same
 engine's float32 file), prefill and decode tok/s, decode against llama.cpp at the same
-bit width, and peak memory. The acceptance check: the native kernel's greedy tokens equal
+bit width, and peak memory. Peers run as their users run them: llama.cpp with a thread per
+core and OpenMP's default wait policy (``OMP_WAIT_POLICY`` is dropped from its environment;
+``--llama-cpp-passive`` adds labelled rows with the passive policy). The machine's CPU,
+load average at the start and the end, and its all-core memory read bandwidth are printed
+(benchmarks/machine.py), with each row's decode as bytes read per token x tok/s: the file's
+weights but the embedding table (untied models gather one row of it) plus the float32 K/V
+at the average context. The acceptance check: the native kernel's greedy tokens equal
 those of the same graph on MLX's own op (``MLXGRAPH_QUANTIZED_KERNEL=mlx``: the dequantized
 weight in float32); the script exits 1 otherwise.
 """
@@ -32,6 +38,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from generate_figures import bytes_per_token
+from machine import describe, load_average, machine_facts, measure_bandwidth
 
 W_ROWS, COLS, GROUP = 1024, 2816, 64
 
@@ -88,6 +97,11 @@ ROWS = [
     ("llama.cpp q8_0", "q8_0", "llama_cpp_engine.py", {}),
     ("llama.cpp q4_0", "q4_0", "llama_cpp_engine.py", {}),
 ]
+# --llama-cpp-passive: labelled extra rows with a non-default setting of the peer.
+PASSIVE_ROWS = [
+    (f"{name} passive", kind, script, {"OMP_WAIT_POLICY": "PASSIVE"})
+    for name, kind, script, _ in ROWS if script == "llama_cpp_engine.py"
+]
 # The reference of each quantized graph: MLX's own op on the same file.
 REFERENCE_ENV = {"MLXGRAPH_QUANTIZED_KERNEL": "mlx"}
 PEER = {"float32": "f32", "q8": "q8_0", "q4": "q4_0"}
@@ -114,7 +128,9 @@ def run_engine(script: str, model: Path, prompt: list, args, env: dict, runs: in
     """One engine process; its result document."""
     cmd = [sys.executable, str(ENGINES / script), "--model", str(model), "--prompt-ids",
            ",".join(map(str, prompt)), "--new-tokens", str(args.decode), "--runs", str(runs)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+    # The peer's defaults unless the row sets them: no wait policy inherited from here.
+    base = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**base, **env})
     if done.returncode != 0:
         sys.stderr.write(done.stdout[-2000:] + done.stderr[-4000:])
         raise SystemExit(f"quantized_bench: {script} on {model.name} failed")
@@ -132,7 +148,8 @@ def bench_model(name: str, args, workdir: Path) -> dict:
     from mlxgraph.exporter.quantize import QuantizeRecipe
 
     folder = model_folder(name, workdir)
-    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    cfg = json.loads((folder / "config.json").read_text())
+    vocab = cfg["vocab_size"]
     rng = random.Random(1234)
     prompt = [rng.randrange(3, vocab) for _ in range(args.prompt)]
     files = {}
@@ -146,16 +163,18 @@ def bench_model(name: str, args, workdir: Path) -> dict:
     if not llama_missing:
         files.update(convert(folder, workdir / "gguf"))
     rows = []
-    for row, kind, script, env in ROWS:
+    for row, kind, script, env in ROWS + (PASSIVE_ROWS if args.llama_cpp_passive else []):
         if kind not in files:
             continue
         r = run_engine(script, files[kind], prompt, args, env, args.runs)
         r.update(name=row, kind=kind, file_bytes=files[kind].stat().st_size)
+        r["bytes_per_token"] = read_per_token(cfg, r["file_bytes"], args.prompt + args.decode / 2)
+        r["decode_bytes_per_s"] = r["bytes_per_token"] * r["decode_tps"]
         if kind in ("q8", "q4"):
             ref = run_engine(script, files[kind], prompt, args, REFERENCE_ENV, 1)
             r["tokens_equal_mlx_op"] = r["tokens"] == ref["tokens"]
         rows.append(r)
-    by_kind = {r["kind"]: r for r in rows}
+    by_kind = {r["kind"]: r for r in rows if "passive" not in r["name"]}
     for r in rows:
         f32 = by_kind["float32" if r["engine"] == "mlxgraph" else "f32"]
         r["size_ratio"] = r["file_bytes"] / f32["file_bytes"]
@@ -164,6 +183,15 @@ def bench_model(name: str, args, workdir: Path) -> dict:
         r["prefill_vs_llama_cpp"] = peer and r["prefill_tps"] / peer["prefill_tps"]
     return {"model": name, "prompt": args.prompt, "decode": args.decode, "rows": rows,
             "llama_cpp": llama_missing or "measured"}
+
+
+def read_per_token(cfg: dict, file_bytes: int, context: float) -> float:
+    """Bytes one decode step reads from a file of ``file_bytes``: its share of weights that
+    are not the embedding table (whole when the table is the tied LM head), plus float32 K/V."""
+    layers_and_head = bytes_per_token(cfg, 0, 1)
+    table = 0 if cfg.get("tie_word_embeddings") else cfg["vocab_size"] * cfg["hidden_size"]
+    kv = bytes_per_token(cfg, context) - bytes_per_token(cfg, 0)
+    return file_bytes * layers_and_head / (layers_and_head + table) + kv
 
 
 def _matvec_child() -> dict:
@@ -175,12 +203,15 @@ def _matvec_child() -> dict:
 def measure(args) -> dict:
     """Both parts; folders, graphs and GGUF files go to ``--workdir`` (kept and reused) or
     a temporary folder."""
-    doc = {"matvec": _matvec_child(), "models": []}
+    facts = machine_facts()
+    doc = {"machine": facts, "bandwidth": measure_bandwidth(), "matvec": _matvec_child(),
+           "models": []}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         for name in args.models.split(","):
             doc["models"].append(bench_model(name, args, workdir))
+    facts["load_end"] = load_average()
     return doc
 
 
@@ -190,6 +221,7 @@ def _mb(n: int) -> str:
 
 def print_table(doc: dict) -> None:
     """Both parts as tables."""
+    print(f"machine: {describe(doc['machine'], doc['bandwidth'])}")
     m = doc["matvec"]
     print(f"W {W_ROWS} x {COLS}, one row, group {GROUP}; quantized kernel: {m['native']}")
     f32 = m["ms"]["float32 (BLAS)"]
@@ -198,15 +230,16 @@ def print_table(doc: dict) -> None:
     for model in doc["models"]:
         print(f"\n{model['model']}: {model['prompt']}-token prompt, {model['decode']} greedy "
               f"tokens (llama.cpp: {model['llama_cpp']})")
-        print(f"{'engine':17s} {'file':>10s} {'size':>6s} {'prefill':>8s} {'decode':>8s} "
-              f"{'decode/llama.cpp':>16s} {'prefill/l.cpp':>13s} {'peak RSS':>10s} "
+        print(f"{'engine':24s} {'file':>10s} {'size':>6s} {'prefill':>8s} {'decode':>8s} "
+              f"{'GB/s':>5s} {'decode/llama.cpp':>16s} {'prefill/l.cpp':>13s} {'peak RSS':>10s} "
               f"{'= MLX op':>8s}")
         for r in model["rows"]:
             same = {True: "yes", False: "NO", None: "-"}[r.get("tokens_equal_mlx_op")]
             vs = f"{r['decode_vs_llama_cpp']:.2f}x" if r["decode_vs_llama_cpp"] else "-"
             pvs = f"{r['prefill_vs_llama_cpp']:.2f}x" if r["prefill_vs_llama_cpp"] else "-"
-            print(f"{r['name']:17s} {_mb(r['file_bytes'])} {r['size_ratio']:6.3f} "
-                  f"{r['prefill_tps']:8.0f} {r['decode_tps']:8.1f} {vs:>16s} {pvs:>13s} "
+            print(f"{r['name']:24s} {_mb(r['file_bytes'])} {r['size_ratio']:6.3f} "
+                  f"{r['prefill_tps']:8.0f} {r['decode_tps']:8.1f} "
+                  f"{r['decode_bytes_per_s'] / 1e9:5.1f} {vs:>16s} {pvs:>13s} "
                   f"{_mb(r['peak_rss_bytes'])} {same:>8s}")
 
 
@@ -218,6 +251,8 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3, help="measured runs per engine (best counts)")
     ap.add_argument("--workdir", help="keep (and reuse) folders, graphs and GGUF files here")
+    ap.add_argument("--llama-cpp-passive", action="store_true",
+                    help="also llama.cpp with OMP_WAIT_POLICY=PASSIVE (labelled rows)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--matvec-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
