@@ -5,8 +5,8 @@ context, Gemma-3 text with sliding and full layers mixed, Phi-3, Falcon-7B's mul
 parallel layout): a tiny model folder with random weights is exported, loaded with the
 interpreter, and run as a 17-token prefill, a chunked prefill (chunks of 5) and 40
 single-token decode steps. The oracle is the HF model with its own DynamicCache and default
-attention; logits must agree within 1e-4 of the logits' scale, and greedy decoding must pick the same 40 tokens (float32 RMSNorm and RoPE on
-the native kernels where they are built).
+attention; logits must agree within 1e-4 of the logits' scale, and greedy decoding must pick
+the same 40 tokens (float32 RMSNorm and RoPE on the native kernels where they are built).
 """
 
 import numpy as np
