@@ -29,6 +29,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--warmup-tokens", type=int, default=8)
+    # torch engines only (MLX engines run on MLX's default device, in the file's dtype).
+    ap.add_argument("--dtype", default="float32", help="transformers: the weights' dtype")
+    ap.add_argument("--device", default="cpu", help="transformers: cpu or cuda")
     args = ap.parse_args(argv)
     args.prompt = [int(x) for x in args.prompt_ids.split(",")]
     return args

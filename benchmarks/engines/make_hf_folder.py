@@ -16,14 +16,15 @@ import sys
 from pathlib import Path
 
 
-def build(out: Path, config: dict, seed: int) -> None:
-    """Create ``out`` from ``config`` (LlamaConfig keywords) with weights seeded by ``seed``."""
+def build(out: Path, config: dict, seed: int, dtype: str = "float32") -> None:
+    """Create ``out`` from ``config`` (LlamaConfig keywords) with weights seeded by ``seed``,
+    saved in ``dtype``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(**config)
-    model = LlamaForCausalLM(cfg).to(torch.float32).eval()
+    model = LlamaForCausalLM(cfg).to(getattr(torch, dtype)).eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     path = out / "config.json"
@@ -42,14 +43,17 @@ def main(argv=None) -> int:
     ap.add_argument("out")
     ap.add_argument("--config", required=True, help="LlamaConfig keywords as JSON")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="float32", help="the saved weights' torch dtype")
     args = ap.parse_args(argv)
     out = Path(args.out)
     stamp = {"config": json.loads(args.config), "seed": args.seed}
+    if args.dtype != "float32":  # float32 folders keep their stamps (and are reused)
+        stamp["dtype"] = args.dtype
     stamp_path = out / "bench_stamp.json"
     if stamp_path.is_file() and json.loads(stamp_path.read_text()) == stamp:
         print(f"{out}: up to date", file=sys.stderr)
         return 0
-    build(out, stamp["config"], args.seed)
+    build(out, stamp["config"], args.seed, args.dtype)
     stamp_path.write_text(json.dumps(stamp, indent=2))
     print(f"{out}: written", file=sys.stderr)
     return 0

@@ -4,7 +4,8 @@
         --new-tokens 128
 
 No BLAS preload here (torch brings its own, and OpenBLAS's threads would slow it). A
-streamer timestamps each new token; EOS is switched off so exactly N tokens come out.
+streamer timestamps each new token (reading it waits for the device); EOS is switched off
+so exactly N tokens come out. ``--dtype`` and ``--device`` (cuda) serve the GPU benchmark.
 """
 
 import sys
@@ -19,7 +20,8 @@ def main() -> int:
     from transformers import AutoModelForCausalLM, GenerationConfig
     from transformers.generation.streamers import BaseStreamer
 
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(args.device).eval()
 
     class Stamp(BaseStreamer):
         def __init__(self, timer):
@@ -38,15 +40,16 @@ def main() -> int:
         config = GenerationConfig(
             max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
         )
-        ids = torch.tensor([prompt], dtype=torch.long)
+        ids = torch.tensor([prompt], dtype=torch.long, device=args.device)
         with torch.inference_mode():
             model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
                            streamer=Stamp(timer))
 
     doc = run_all(once, args)
-    doc.update(
-        engine="transformers", blas=f"torch {torch.__version__} ({torch.get_num_threads()} threads)"
-    )
+    blas = f"torch {torch.__version__} ({torch.get_num_threads()} threads)"
+    doc.update(engine="transformers", blas=blas, device=args.device, dtype=args.dtype)
+    if args.device == "cuda":
+        doc["peak_device_bytes"] = int(torch.cuda.max_memory_allocated())
     emit(doc)
     return 0
 
