@@ -21,17 +21,12 @@ ignored, each in its own process (benchmarks/engines/*_engine.py). Engines:
   transformers        torch eager, torch's defaults (its own BLAS and threads)
 Then, for the last size, decode after a long prompt (--contexts, default 1k and 4k tokens,
 32 new tokens), where attention's share of each token grows.
-Printed: prefill and decode tok/s per engine, ratios mlxgraph/peer, whether the greedy
-tokens are identical, and decode as a fraction of this machine's memory-bandwidth bound
-(bandwidth measured in the same run with numpy; bound = bandwidth / bytes read per decoded
-token: every weight except the embedding table, plus the KV cache at the average context),
-with each engine's decode as bytes per token x tok/s in GB/s. The bandwidth is every core
-reading at once (benchmarks/machine.py); the machine's CPU and its load average at the start
-and the end are printed: a loaded machine is reported, never compensated.
-Each finished part is also saved to WORKDIR/generate_bench.json as it completes, so a run
-cut short keeps what it measured.
-
-This process imports neither torch nor mlx; it only orchestrates.
+Printed: prefill and decode tok/s and GB/s per engine, ratios mlxgraph/peer, whether the
+greedy tokens are identical, decode as a fraction of the bound (every core's read bandwidth,
+measured in the same run / bytes per decoded token: every weight but the embedding table,
+plus the K/V at the average context), the CPU and the load at start and end (machine.py).
+Each finished part is saved to WORKDIR/generate_bench.json as it completes (a run cut short
+keeps what it measured). This process imports neither torch nor mlx; it only orchestrates.
 """
 
 import argparse
@@ -64,9 +59,8 @@ ENGINES = {
     "mlxgraph-mlx-silu": ("mlxgraph_engine.py", "graph", {"MLXGRAPH_NATIVE_ACTIVATIONS": "0"}),
     "mlxgraph-debian": ("mlxgraph_engine.py", "graph", {"MLXGRAPH_BLAS": "libopenblas.so.0"}),
     "mlx-lm": ("mlx_lm_engine.py", "folder", {}),
-    "mlx-lm+openblas": (
-        "mlx_lm_engine.py", "folder", {"BENCH_PRELOAD_BLAS": "1", "MLXGRAPH_BLAS_ROUTER": "0"}
-    ),
+    "mlx-lm+openblas": ("mlx_lm_engine.py", "folder", {"BENCH_PRELOAD_BLAS": "1",
+                                                       "MLXGRAPH_BLAS_ROUTER": "0"}),
     "transformers": ("transformers_engine.py", "folder", {}),
 }
 LONG_CONTEXT_ENGINES = ("mlxgraph", "mlxgraph-no-router", "mlx-lm", "transformers")
@@ -236,9 +230,7 @@ def main(argv=None) -> int:
         "--engines", default=",".join(ENGINES), help="comma-separated: " + ",".join(ENGINES)
     )
     ap.add_argument("--workdir", default=str(ROOT / "out" / "bench"))
-    ap.add_argument(
-        "--json", action="store_true", help="print one JSON document instead of the table"
-    )
+    ap.add_argument("--json", action="store_true", help="one JSON document, not the table")
     args = ap.parse_args(argv)
     sizes = [s for s in args.sizes.split(",") if s]
     unknown = [s for s in sizes if s not in SIZES]

@@ -10,6 +10,7 @@ import mlx.core as mx
 from mlxgraph.interpreter.errors import GraphRuntimeError
 from mlxgraph.interpreter.index_guard import check_output, guard_node_indices
 from mlxgraph.interpreter.kv_cache import CacheError
+from mlxgraph.interpreter.straight_line import compile_nodes
 from mlxgraph.schema.spec import FieldKind, op_spec
 
 TENSOR, TENSOR_LIST, VALUE = FieldKind.TENSOR, FieldKind.TENSOR_LIST, FieldKind.VALUE
@@ -89,45 +90,70 @@ def run_nodes(program, tensors, values, ctx, observer=None, flags=None, check_si
         GraphRuntimeError: a kernel failed (file, node index, op, provenance).
     """
     flags = [] if flags is None else flags
-    head, cut = (program.last_row_head if last_row > 1 else None), False
+    head = program.last_row_head if last_row > 1 else None
+    if observer is None and not check_sizes and head is None:
+        # The common step (every decode step): the nodes compiled once into straight-line
+        # code (straight_line.py), the same kernels in the same order as the loop below.
+        program.straight_line(tensors, values, ctx, flags)
+        return False
+    cut = False
     for node in program.nodes:
-        kw = node.fixed.copy()
-        for name, slot in node.tensor_reads:
-            kw[name] = tensors[slot]
-        for name, how, where in node.reads:
-            if how is VALUE:
-                kw[name] = values[where]
-            elif how is TENSOR_LIST:
-                kw[name] = [tensors[i] for i in where]
-            else:  # OPERAND_LIST: tensors, runtime ints and literals mixed
-                kw[name] = [tensors[w] if h is TENSOR else values[w] if h is VALUE else w
-                            for h, w in where]
-        if node.needs_context:
-            kw["ctx"] = ctx
-        if node.index == head and kw["x"].ndim >= 2 and kw["x"].shape[-2] == last_row:
-            kw["x"], cut = kw["x"][..., -1:, :], True
         try:
-            if node.guard is not None:
-                guard_node_indices(node, kw, flags, _guard_rows(program, node, ctx))
-            result = node.fn(**kw)
-            if check_sizes:
-                check_output(node, result)
+            outputs, cut_here = _run_node(program, node, tensors, values, ctx, flags,
+                                          check_sizes, head, last_row)
         except Exception as e:
             raise node_error(program, node, e) from e
-        if node.out_kind is VALUE_OUT:
-            values[node.out_slots[0]] = result
-            outputs = [result]
-        else:
-            outputs = [result] if node.out_kind is OUT else list(result)
-            for i, (slot, dtype) in enumerate(zip(node.out_slots, node.out_dtypes)):
-                arr = outputs[i]
-                if dtype is not None and isinstance(arr, mx.array) and arr.dtype != dtype:
-                    arr = arr.astype(dtype)
-                    outputs[i] = arr
-                tensors[slot] = arr
+        cut = cut or cut_here
         if observer is not None:
             observer(node.index, node.record, outputs)
     return cut
+
+
+def compile_program_nodes(program):
+    """``program``'s nodes as one straight-line function (straight_line.py), whose guarded
+    nodes run through this module's per-node code."""
+    def run_one(node, tensors, values, ctx, flags):
+        _run_node(program, node, tensors, values, ctx, flags)
+
+    return compile_nodes(program.nodes, run_one, lambda node, e: node_error(program, node, e))
+
+
+def _run_node(program, node, tensors, values, ctx, flags, check_sizes=False, head=None,
+              last_row=0):
+    """Run one node, writing its outputs into the slots; (its outputs as a list, whether it
+    computed the last row alone). Exceptions are the kernel's own (the caller locates them)."""
+    kw = node.fixed.copy()
+    for name, slot in node.tensor_reads:
+        kw[name] = tensors[slot]
+    for name, how, where in node.reads:
+        if how is VALUE:
+            kw[name] = values[where]
+        elif how is TENSOR_LIST:
+            kw[name] = [tensors[i] for i in where]
+        else:  # OPERAND_LIST: tensors, runtime ints and literals mixed
+            kw[name] = [tensors[w] if h is TENSOR else values[w] if h is VALUE else w
+                        for h, w in where]
+    if node.needs_context:
+        kw["ctx"] = ctx
+    cut = False
+    if node.index == head and kw["x"].ndim >= 2 and kw["x"].shape[-2] == last_row:
+        kw["x"], cut = kw["x"][..., -1:, :], True
+    if node.guard is not None:
+        guard_node_indices(node, kw, flags, _guard_rows(program, node, ctx))
+    result = node.fn(**kw)
+    if check_sizes:
+        check_output(node, result)
+    if node.out_kind is VALUE_OUT:
+        values[node.out_slots[0]] = result
+        return [result], cut
+    outputs = [result] if node.out_kind is OUT else list(result)
+    for i, (slot, dtype) in enumerate(zip(node.out_slots, node.out_dtypes)):
+        arr = outputs[i]
+        if dtype is not None and isinstance(arr, mx.array) and arr.dtype != dtype:
+            arr = arr.astype(dtype)
+            outputs[i] = arr
+        tensors[slot] = arr
+    return outputs, cut
 
 
 def _guard_rows(program, node, ctx):

@@ -14,7 +14,7 @@ import mlx.core as mx
 from mlxgraph.interpreter.errors import GraphRuntimeError
 from mlxgraph.interpreter.mlx_dtypes import HALF_DTYPES, dtype_name, to_mx_dtype, widened
 from mlxgraph.interpreter.node_plan import ResolvedNode, resolve_node
-from mlxgraph.interpreter.node_runner import last_row_head
+from mlxgraph.interpreter.node_runner import compile_program_nodes, last_row_head
 from mlxgraph.interpreter.session import Session
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.reader import open_graph
@@ -64,6 +64,8 @@ class Program:
         self.link = link                    # its PipelineLink (interpreter/pipeline_link.py)
         # The node computing the output row by row (the LM head), or None (node_runner.py).
         self.last_row_head = last_row_head(nodes, graph.outputs)
+        # The common step's code: every node written out once (straight_line.py).
+        self.straight_line = compile_program_nodes(self)
 
     @classmethod
     def load(cls, path, element_limit=None, compute_dtype=None, pipeline=None,
