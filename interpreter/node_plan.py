@@ -44,8 +44,9 @@ def _operand_read(op) -> tuple:
     return (kind, op.index) if kind is not None else (FieldKind.ATTR, op.python_value())
 
 
-def resolve_node(index, record, tensor_dtypes, path, widen=False) -> ResolvedNode:
-    """Resolve node ``index`` (its NodeRecord) against the kernel registry.
+def resolve_node(index, record, tensor_dtypes, path, widen=False, device=None) -> ResolvedNode:
+    """Resolve node ``index`` (its NodeRecord) against the kernel registry, taking the op's
+    variant for the ``device`` plan ("cpu" or "gpu") where it has one.
 
     The kernel will receive the op's inputs and attributes by field name, never its
     output fields: where the outputs go is the session's business.
@@ -54,7 +55,7 @@ def resolve_node(index, record, tensor_dtypes, path, widen=False) -> ResolvedNod
         GraphFormatError: the op has no kernel in this version.
     """
     spec = op_spec(record.op)
-    kernel = get_kernel(spec.name)
+    kernel = get_kernel(spec.name, device)
     if kernel is None:
         raise GraphFormatError(
             f"op {spec.short_name} has no kernel in this mlxgraph", path, index, "op"

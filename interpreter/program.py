@@ -12,6 +12,11 @@ from pathlib import Path
 import mlx.core as mx
 
 from mlxgraph.interpreter.errors import GraphRuntimeError
+from mlxgraph.interpreter.load_options import (
+    COMPUTE_DTYPES,
+    check_compute_dtype,
+    check_device_plan,
+)
 from mlxgraph.interpreter.mlx_dtypes import HALF_DTYPES, dtype_name, to_mx_dtype, widened
 from mlxgraph.interpreter.node_plan import ResolvedNode, resolve_node
 from mlxgraph.interpreter.node_runner import compile_program_nodes, last_row_head
@@ -20,28 +25,12 @@ from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.reader import open_graph
 from mlxgraph.schema.spec import FieldKind
 
-COMPUTE_DTYPES = ("float32",)
-
-
-def _check_compute_dtype(compute_dtype) -> bool:
-    """True to widen half precision to float32; False for None (run as stored).
-
-    Raises:
-        ValueError: anything else.
-    """
-    if compute_dtype is None:
-        return False
-    if compute_dtype in COMPUTE_DTYPES or compute_dtype == mx.float32:
-        return True
-    raise ValueError(f"compute_dtype {compute_dtype!r}: supported are None (the graph's own "
-                     "dtypes) and 'float32' (widen float16/bfloat16 at load)")
-
 
 class Program:
     """An immutable loaded graph: slots, constants (as MLX arrays), resolved nodes, metadata."""
 
     def __init__(self, graph, constants, nodes, layers, tensor_dtypes, widened_from=(),
-                 stage=None, link=None):
+                 stage=None, link=None, device_plan="cpu"):
         # Symbol values whose step already had every output checked against the verifier's
         # bounds (shapes follow from them): shared by the sessions, only ever grows.
         self.checked_shapes = set()
@@ -60,6 +49,7 @@ class Program:
         self.layers = layers                # {layer_id: LayerCacheInfo}
         self.inputs = graph.inputs
         self.outputs = graph.outputs
+        self.device_plan = device_plan      # "cpu" or "gpu": the kernels' variants chosen
         self.stage = stage                  # this rank's StagePlan in a pipeline, else None
         self.link = link                    # its PipelineLink (interpreter/pipeline_link.py)
         # The node computing the output row by row (the LM head), or None (node_runner.py).
@@ -69,7 +59,7 @@ class Program:
 
     @classmethod
     def load(cls, path, element_limit=None, compute_dtype=None, pipeline=None,
-             pipeline_timeout=None) -> "Program":
+             pipeline_timeout=None, device_plan=None) -> "Program":
         """Verify and load a graph file.
 
         Args:
@@ -85,6 +75,9 @@ class Program:
                 weights (docs/pipeline.md); sessions are then PipelineSessions.
             pipeline_timeout: seconds a rank waits for another before it ends the run
                 (default 300).
+            device_plan: "cpu" or "gpu": which kernel variants the nodes take
+                (kernels/__init__.py); None chooses by MLX's default device. Forcing "gpu"
+                on a CPU runs the GPU plan there (the tests check it against the CPU's).
         Raises:
             GraphFormatError: invalid file, a step that could cost more than the limit, an
                 op this version cannot run, or a graph that cannot be cut into that many
@@ -92,13 +85,14 @@ class Program:
             PipelineError: the pipeline's ranks cannot connect.
             ValueError: an unsupported compute_dtype, pipeline or pipeline_timeout.
         """
-        widen = _check_compute_dtype(compute_dtype)
+        widen = check_compute_dtype(compute_dtype)
+        plan = check_device_plan(device_plan)
         graph = open_graph(path, element_limit=element_limit)
         stored = [to_mx_dtype(t.dtype) if t.dtype else None for t in graph.tensors]
         tensor_dtypes = [widened(d, widen) for d in stored]
         constants, stage, link = {}, None, None
         try:
-            nodes = [resolve_node(i, r, tensor_dtypes, graph.path, widen)
+            nodes = [resolve_node(i, r, tensor_dtypes, graph.path, widen, plan)
                      for i, r in enumerate(graph.nodes)]
             if pipeline is not None:
                 from mlxgraph.interpreter.pipeline_link import connect
@@ -124,7 +118,8 @@ class Program:
         nodes = [_checked(n, graph) for n in nodes]
         layers = _layer_geometry(graph, nodes)
         widened_from = tuple(sorted({dtype_name(d) for d in stored if widen and d in HALF_DTYPES}))
-        return cls(graph, constants, nodes, layers, tensor_dtypes, widened_from, stage, link)
+        return cls(graph, constants, nodes, layers, tensor_dtypes, widened_from, stage, link,
+                   plan)
 
     @property
     def float_dtypes(self) -> tuple:

@@ -8,6 +8,12 @@ as mx.Dtype (or None); other attributes as Python values. Kernels registered wit
 ``needs_context=True`` also get ``ctx`` (the running step: its KV stores). A kernel
 returns the op's output: an array (or an int for a value output), or a list of them for
 a list output. Kernels never force an evaluation.
+
+An op may also have a variant for one kind of device (``register(op, device="gpu")``):
+the program's plan, chosen at load from MLX's default device (docs/architecture.md,
+"Device plans"), takes the variant there and the op's one kernel everywhere else. A
+variant computes what the kernel computes; docs/precision.md states any rounding that
+differs.
 """
 
 from dataclasses import dataclass
@@ -23,28 +29,39 @@ class Kernel:
     op: str              # op table name, e.g. 'AddNode'
     fn: object
     needs_context: bool
+    device: str | None = None  # None: every device; else the plan it is the variant for
 
 
 OP_MODULES = ("elementwise", "reductions", "linalg", "layout", "creation", "symbolic", "fused",
-              "attention", "selection", "quantized")
+              "attention", "selection", "quantized", "gpu")
 KERNELS = LazyRegistry(__name__, OP_MODULES)
+DEVICE_PLANS = ("cpu", "gpu")
 
 
-def register(op: str, needs_context: bool = False):
-    """Decorator: register ``fn`` as the kernel of ``op`` ('Add' or 'AddNode').
+def register(op: str, needs_context: bool = False, device: str | None = None):
+    """Decorator: register ``fn`` as the kernel of ``op`` ('Add' or 'AddNode'), or as its
+    variant for one device plan.
 
     Raises:
-        KeyError: the schema has no such op.
+        KeyError: the schema has no such op. ValueError: an unknown device plan, or a
+        second registration of the same op and device.
     """
     name = op_spec(op).name
+    if device is not None and device not in DEVICE_PLANS:
+        raise ValueError(f"register({op!r}): device must be one of {DEVICE_PLANS}")
 
     def wrap(fn):
-        KERNELS.add(name, Kernel(name, fn, needs_context))
+        key = (name, device)
+        if key in KERNELS.entries:
+            raise ValueError(f"{name}: a kernel is already registered for device {device}")
+        KERNELS.add(key, Kernel(name, fn, needs_context, device))
         return fn
 
     return wrap
 
 
-def get_kernel(op: str) -> Kernel | None:
-    """The kernel for an op table name, or None when this version has none."""
-    return KERNELS.table().get(op)
+def get_kernel(op: str, device: str | None = None) -> Kernel | None:
+    """The kernel for an op table name on a device plan (its variant there, else the op's
+    kernel), or None when this version has none."""
+    table = KERNELS.table()
+    return table.get((op, device)) or table.get((op, None))
