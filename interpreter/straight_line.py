@@ -7,7 +7,7 @@ waits, so that per-node work is the decode step's critical path. Here every look
 resolved when the program loads: each node becomes one line calling its kernel with its
 slots and attributes written out, e.g.
 
-    i = 7; r = k7(x=t[12], weight=t[3], eps=a7_eps); t[13] = r if r.dtype == d7 else ...
+    i = 7; r = k7(x=t[12], weight=t[3], eps=a7_eps); t[13] = r if ... r.dtype == d7_0 else ...
 
 The function runs the same kernels in the same order on the same inputs as the loop, so
 its result is the loop's bit for bit (tests/test_straight_line.py). The loop remains for
@@ -27,13 +27,6 @@ from mlxgraph.schema.spec import FieldKind
 
 TENSOR, TENSOR_LIST, VALUE = FieldKind.TENSOR, FieldKind.TENSOR_LIST, FieldKind.VALUE
 OUT, OUT_LIST, VALUE_OUT = FieldKind.OUT, FieldKind.OUT_LIST, FieldKind.VALUE_OUT
-
-
-def _cast(arr, dtype):
-    """``arr`` in its declared dtype (the loop's rule: only MLX arrays are converted)."""
-    if isinstance(arr, mx.array) and arr.dtype != dtype:
-        return arr.astype(dtype)
-    return arr
 
 
 def _node_lines(k: int, node, ns: dict) -> list | None:
@@ -76,7 +69,9 @@ def _node_lines(k: int, node, ns: dict) -> list | None:
             lines.append(f"t[{slot}] = {got}")
         else:
             ns[f"d{k}_{j}"] = dtype
-            lines.append(f"t[{slot}] = _cast({got}, d{k}_{j})")
+            d = f"d{k}_{j}"  # converted only when an MLX array of another dtype (the loop's rule)
+            lines.append(f"t[{slot}] = {got} if not isinstance({got}, _A) or {got}.dtype == {d} "
+                         f"else {got}.astype({d})")
     return lines
 
 
@@ -91,7 +86,7 @@ def compile_nodes(nodes, run_one, fail):
         fail: ``fail(node, exception) -> Exception``: the located error a kernel's
             exception becomes (the loop's node_error).
     """
-    ns = {"_cast": _cast, "_run_one": run_one, "_fail": fail, "_nodes": tuple(nodes)}
+    ns = {"_A": mx.array, "_run_one": run_one, "_fail": fail, "_nodes": tuple(nodes)}
     body = []
     for k, node in enumerate(nodes):
         lines = None if node.guard is not None else _node_lines(k, node, ns)

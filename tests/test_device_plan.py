@@ -75,8 +75,10 @@ def test_each_variant_equals_the_ops_kernel(dtype, tokens, mlx_ops_on_cpu):
     sin = mx.sin(mx.random.normal((1, 1, tokens, 16), key=mx.random.key(3))).astype(dtype)
     w = mx.random.normal((8, 16), key=mx.random.key(4)).astype(dtype)
     b = mx.random.normal((8,), key=mx.random.key(5)).astype(dtype)
+    g = mx.random.normal((16,), key=mx.random.key(6)).astype(dtype)
     for op, args in (("RopeNode", (x, cos, sin)), ("SiluNode", (x,)), ("LinearNode", (x, w)),
-                     ("LinearNode", (x, w, b))):
+                     ("LinearNode", (x, w, b)), ("RmsNormNode", (x, g, 1e-5)),
+                     ("RmsNormNode", (x, g, 1e-5, 1.0)), ("RmsNormNode", (x, None, 1e-5))):
         want = get_kernel(op).fn(*args)
         got = get_kernel(op, "gpu").fn(*args)
         assert got.dtype == want.dtype and got.shape == want.shape

@@ -5,6 +5,8 @@ On a GPU the host builds each step's graph while the device waits, so what a ker
 on the host is on the step's critical path (docs/architecture.md, "Device plans"):
 - Linear: the product alone; the CPU kernel's checks for the native half-precision
   matrix-vector kernel (a CPU-only path) are left out.
+- RmsNorm: MLX's fused kernel where it computes the Llama order (no weight offset, the
+  weight in x's dtype), else the op formula; no native-kernel checks.
 - Rope and Silu of a decode step (one token): the elementwise formula compiled once per
   shape with ``mx.compile``, which fuses its slices, negation, concatenation, products and
   sum into fewer GPU kernels and is cheaper to call than building each op. Each op keeps
@@ -17,6 +19,7 @@ import mlx.core as mx
 
 from mlxgraph.interpreter.kernels import register
 from mlxgraph.interpreter.kernels.elementwise import _floating
+from mlxgraph.interpreter.kernels.fused import rms_norm as _rms_norm_kernel
 
 
 @register("Linear", device="gpu")
@@ -28,6 +31,15 @@ def linear(x, weight, bias=None):
     if x.ndim < 2:
         return mx.matmul(x, wt) + bias
     return mx.addmm(bias, x, wt)
+
+
+@register("RmsNorm", device="gpu")
+def rms_norm(x, weight=None, eps=1e-6, weight_offset=0.0):
+    """The RmsNorm kernel's result: ``mx.fast.rms_norm`` in the Llama order, else the
+    kernel itself (whose native path does not apply off the CPU)."""
+    if eps is not None and weight_offset == 0 and weight is not None and weight.dtype == x.dtype:
+        return mx.fast.rms_norm(x, weight, eps)
+    return _rms_norm_kernel(x, weight, eps, weight_offset)
 
 
 def _rotate_half_rope(x, cos, sin):
