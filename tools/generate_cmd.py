@@ -248,6 +248,7 @@ def _run(args, blas) -> int:
         stats.stop_reason = "interrupted"
     doc = stats_doc(stats, blas, sampler, mx)
     doc["stats"]["compute"] = program.compute_info()
+    doc["stats"]["device"] = {"mlx": str(mx.default_device()), "plan": program.device_plan}
     doc["stats"]["quantized"] = quantized_stats(program)
     doc["stats"]["half_matvec"] = half_matvec_stats(program)
     doc["stats"]["native_ops"] = native_ops_stats()

@@ -73,6 +73,8 @@ def print_stats(stats, doc, blas, err) -> None:
         f"{human_bytes(s['peak_rss_bytes'])} process RSS",
         file=err,
     )
+    if s.get("device"):
+        print(f"device       {s['device']['mlx']}, {s['device']['plan']} plan", file=err)
     print(f"BLAS         {blas.describe()}", file=err)
     if s.get("quantized"):
         print(f"quantized    {s['quantized']['kernel']}", file=err)
