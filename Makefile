@@ -89,8 +89,8 @@ test-latest:
 	PIP_CONSTRAINT= $(LATEST_VENV)/bin/python -m pip install -q --disable-pip-version-check \
 		--upgrade --upgrade-strategy eager -e ".[export,dev,serve]"
 	@# what differs from the lock: each newer (or new) package, one line
-	$(LATEST_VENV)/bin/python -m pip freeze --exclude-editable | tr 'A-Z_' 'a-z-' | sort \
-		| comm -13 <(grep -v '^#' $(LOCK) | sort) - | sed 's/^/test-latest: not the lock: /'
+	$(LATEST_VENV)/bin/python -m pip freeze --exclude-editable | sed 's/+.*//' \
+		| tr 'A-Z_' 'a-z-' | sort | comm -13 <(grep -v '^#' $(LOCK) | sort) - | sed 's/^/test-latest: not the lock: /'
 	$(LATEST_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope \
 		--no-loadscope-reorder
 
