@@ -9,7 +9,7 @@ import pytest
 
 import mlxgraph
 from mlxgraph.exporter import export
-from mlxgraph.interpreter import kernels
+from mlxgraph.interpreter import kernels, native_activations
 from mlxgraph.interpreter.kernels import get_kernel, register
 
 
@@ -44,8 +44,9 @@ def test_the_plan_follows_the_default_device_unless_forced(llama_graphs):
 @pytest.fixture
 def mlx_ops_on_cpu(monkeypatch):
     """The CPU kernels on MLX's ops, as on a GPU: float32 on the CPU otherwise takes the
-    native activations (interpreter/native_activations.py), which no GPU runs."""
-    monkeypatch.setenv("MLXGRAPH_NATIVE_ACTIVATIONS", "0")
+    native activations (interpreter/native_activations.py), which no GPU runs. (Not the
+    switch variable: the module reads it once per process.)"""
+    monkeypatch.setattr(native_activations, "native_module", lambda: None)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
