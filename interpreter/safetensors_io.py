@@ -21,6 +21,7 @@ import struct
 
 import numpy as np
 
+from mlxgraph.schema.atomic_write import write_atomically
 from mlxgraph.schema.file_source import open_regular
 
 MAX_HEADER_BYTES = 16 << 20
@@ -46,13 +47,15 @@ def write(
     """Write ``tensors`` ({name: ndarray}) and string ``metadata`` as one safetensors file.
 
     Args:
-        path: where to write (replaced atomically: written beside it, then renamed).
+        path: where to write (replaced atomically, schema/atomic_write.py: an exclusive
+            temporary file beside it, synced, then renamed; nothing left on failure).
         tensors: C-contiguous-able numpy arrays of a dtype in the table above.
         metadata: {str: str}.
         st_dtypes: {name: safetensors dtype} where the numpy dtype is ambiguous (BF16 bits).
         seal: a metadata key to store a SHA-256 of everything else in the file under
             (see ``SafetensorsFile.seal_matches``).
     Raises:
+        FileExistsError: ``path`` is a folder, symlink, device, FIFO or socket.
         OSError: the file cannot be written.
     """
     header, offset = {}, 0
@@ -78,13 +81,14 @@ def write(
     header["__metadata__"] = meta
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
+
+    def fill(f):
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for arr in arrays:
             f.write(_raw_bytes(arr))
-    os.replace(tmp, path)
+
+    write_atomically(path, fill)
 
 
 def _raw_bytes(arr: np.ndarray) -> memoryview:

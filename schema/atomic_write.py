@@ -5,12 +5,16 @@ random name) in the target's own folder, are flushed to disk, and the temporary 
 renamed over the target. A symlink planted anywhere is never followed; a target that is
 not a regular file (folder, device, FIFO, symlink) is refused rather than replaced; any
 failure (a full disk, a file size limit, an interrupt) removes the temporary file and
-leaves the old target untouched.
+leaves the old target untouched. SIGINT and SIGTERM are held back only while the temporary
+file is created, so that no interrupt can fall between its creation and its cleanup.
+Used by every file mlxgraph writes: graph files (schema/writer.py) and cache files
+(interpreter/safetensors_io.py).
 """
 
 import errno
 import os
 import secrets
+import signal
 import stat
 from pathlib import Path
 
@@ -56,37 +60,74 @@ def write_atomically(path, fill, check=None) -> None:
         FileExistsError: ``path`` exists and is not a regular file.
         OSError: the folder is missing or not writable, the disk is full, ...; the old
             file (if any) is unchanged and no temporary file is left.
-        Whatever ``check`` raises, with the same guarantee.
+        Whatever ``check`` raises (an interrupt too), with the same guarantee.
     """
     path = Path(path)
     check_replaceable(path)
-    umask = os.umask(0)
-    os.umask(umask)
-    for _ in range(100):
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.partial")
-        try:
-            fd = os.open(tmp, _CREATE, 0o666 & ~umask)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise FileExistsError(errno.EEXIST, "no free temporary name", str(path.parent))
+    made = {}  # what exists to clean up: filled in while interrupts are held back
     try:
-        with os.fdopen(fd, "wb") as f:
+        _create(path, made)
+        with os.fdopen(made.pop("fd"), "wb") as f:
             fill(f)
             f.flush()
             os.fsync(f.fileno())
         if check is not None:
-            check(tmp)
+            check(made["tmp"])
         check_replaceable(path)
-        os.replace(tmp, path)
+        os.replace(made["tmp"], path)  # an interrupt after this finds no temporary to remove
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _clean(made)
         raise
     _sync_folder(path.parent)
+
+
+def _create(path: Path, made: dict) -> None:
+    """Create the temporary file; ``made`` gets its name and descriptor before an interrupt
+    (SIGINT, SIGTERM: held back meanwhile on this thread) can be raised."""
+    umask = os.umask(0)
+    os.umask(umask)
+    with _interrupts_held():
+        for _ in range(100):
+            tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.partial")
+            try:
+                made["fd"] = os.open(tmp, _CREATE, 0o666 & ~umask)
+            except FileExistsError:
+                continue
+            made["tmp"] = tmp
+            return
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path.parent))
+
+
+def _clean(made: dict) -> None:
+    """Close and remove what ``_create`` made; a second interrupt does not stop it."""
+    for _ in range(3):
+        try:
+            if "fd" in made:
+                fd = made["fd"]
+                del made["fd"]  # closed once, even if interrupted right after
+                os.close(fd)
+            if "tmp" in made:
+                try:
+                    os.unlink(made["tmp"])
+                except OSError:
+                    pass
+                del made["tmp"]
+            return
+        except BaseException:  # noqa: BLE001 - an interrupt here: finish the cleanup first
+            continue
+
+
+class _interrupts_held:
+    """Hold SIGINT and SIGTERM back on this thread (they are delivered on leaving)."""
+
+    _SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+    def __enter__(self):
+        self.old = signal.pthread_sigmask(signal.SIG_BLOCK, self._SIGNALS)
+
+    def __exit__(self, *exc):
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.old)
+        return False
 
 
 def _sync_folder(folder) -> None:
