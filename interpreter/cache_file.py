@@ -21,17 +21,18 @@ stopped, because the stores get back exactly the slots their reads use.
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 
 import numpy as np
 
+from mlxgraph.interpreter.cache_header import PARTS, HeaderError, check_tensors, parse_session
 from mlxgraph.interpreter.errors import CacheFileError
 from mlxgraph.interpreter.kv_cache import CacheError
 from mlxgraph.interpreter.kv_codec import unpack
+from mlxgraph.interpreter.memory import allocatable_bytes
 from mlxgraph.interpreter.safetensors_io import SafetensorsError, SafetensorsFile, write
 
 FORMAT, VERSION, SEAL = "mlxgraph-kv-cache", "1", "mlxgraph.sha256"
-_PARTS = ("codes", "scales", "biases")
 
 
 def save_session(session, path, tokens=None) -> int:
@@ -58,7 +59,7 @@ def save_session(session, path, tokens=None) -> int:
         for which, (name, arr) in enumerate(arrays.items()):
             key = f"layer.{lid}.{name}"
             if bits:
-                for part, piece in zip(_PARTS, unpack(arr, dims[which], bits, group)):
+                for part, piece in zip(PARTS, unpack(arr, dims[which], bits, group)):
                     tensors[f"{key}.{part}"] = piece
             else:
                 tensors[key] = arr
@@ -78,18 +79,21 @@ def save_session(session, path, tokens=None) -> int:
         "mlxgraph.session": json.dumps(doc),
     }
     write(path, tensors, meta, st_dtypes, seal=SEAL)
-    return Path(path).stat().st_size
+    return os.stat(path).st_size
 
 
 class CacheFile:
     """A read, checked cache file (container, seal and header; not yet matched to a graph).
+
+    Only the header is kept: tensors are read when asked for (``arrays``), after callers
+    checked their sizes (the header's shapes, already checked to tile the file exactly).
 
     Attributes: path, graph (fingerprint), length, policy (dict), tokens (list or None),
     layers ({layer_id: snapshot info}), approximations ({layer_id: window} of full-attention
     layers the session windowed), nbytes (the file's size).
     """
 
-    def __init__(self, path):
+    def __init__(self, path, check_seal=True):
         self.path = str(path)
         try:
             self._st = SafetensorsFile(path)
@@ -107,94 +111,93 @@ class CacheFile:
                 f"cache file version {meta.get('mlxgraph.version')!r}; "
                 f"this mlxgraph reads {VERSION}"
             )
-        if not self._st.seal_matches(SEAL):
-            raise self._error(
-                "the contents do not match their SHA-256 seal (the file was changed or damaged)"
-            )
         self.graph = meta.get("mlxgraph.graph")
         try:
-            doc = json.loads(meta["mlxgraph.session"])
-            self.length, self.policy, self.tokens = (
-                int(doc["length"]),
-                dict(doc["policy"]),
-                doc["tokens"],
-            )
-            self.layers = {int(lid): dict(info) for lid, info in doc["layers"].items()}
-            self.approximations = dict(doc.get("approximations") or {})
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise self._error(f"malformed session header ({type(e).__name__}: {e})") from None
-        self.nbytes = Path(path).stat().st_size
-        self._check_layers()
+            doc = parse_session(meta.get("mlxgraph.session", "null"))
+            self.length, self.policy, self.tokens = doc["length"], doc["policy"], doc["tokens"]
+            self.layers, self.approximations = doc["layers"], doc["approximations"]
+            bits, group = self.policy["kv_bits"], self.policy["kv_group_size"]
+            names = check_tensors(self.layers, bits, group, self._st.entries)
+        except HeaderError as e:
+            raise self._error(f"malformed session header: {e}") from None
+        if self.graph is None:
+            raise self._error("no mlxgraph.graph fingerprint")
+        extra = set(self._st.entries) - names
+        if extra:
+            raise self._error(f"holds tensors no store reads: {sorted(extra)[:4]}")
+        self.nbytes = self._st.size
+        room = allocatable_bytes()
+        if room is not None and self._st.data_bytes > room:
+            raise self._error(f"holds {self._st.data_bytes} bytes of tensors, more than this "
+                              f"process can allocate ({room}); no session could use it")
+        self._sealed = False
+        if check_seal:
+            self.check_seal()
 
-    def _check_layers(self) -> None:
-        """Every layer's header agrees with its tensors (readers index slots with it)."""
-        bits, group = self.policy.get("kv_bits"), self.policy.get("kv_group_size")
-        if bits not in (0, 4, 8) or group not in (32, 64, 128):
-            raise self._error(
-                f"kv_bits {bits!r} / kv_group_size {group!r} are not ones mlxgraph writes"
-            )
-        for lid, info in self.layers.items():
-            fields = [info.get(k) for k in ("length", "oldest", "slots", "modulus", "window")]
-            if not all(type(x) is int and x >= 0 for x in fields):
-                raise self._error(
-                    f"layer {lid}: length, oldest, slots, modulus, window must be ints >= 0"
-                )
-            length, oldest, slots, modulus, _ = fields
-            if (
-                oldest > length
-                or length - oldest > slots
-                or slots > modulus
-                or length != self.length
-            ):
-                raise self._error(
-                    f"layer {lid}: positions {oldest}..{length} do not fit "
-                    f"{slots} of {modulus} slots"
-                )
-            if not slots:
-                continue
-            names = [
-                f"layer.{lid}.{n}" + (f".{p}" if bits else "")
-                for n in ("keys", "values")
-                for p in (_PARTS if bits else ("",))
-            ]
-            shapes = {self._st.entries[n][1] if n in self._st.entries else None for n in names}
-            if (
-                None in shapes
-                or {(len(s), s[2]) for s in shapes if len(s) > 2} != {(4, slots)}
-                or len({s[:3] for s in shapes}) != 1
-            ):
-                raise self._error(
-                    f"layer {lid}: its tensors {sorted(names)} are missing or do not all "
-                    f"hold [B, H, {slots}, ...]"
-                )
+    def check_seal(self) -> None:
+        """Refuse the file unless its SHA-256 seal matches (reads it once, 16 MiB at a time).
+        ``CacheFile(path, check_seal=False)`` defers this, so a restore can first check the
+        header's sizes against the graph (a huge file for another graph is never read).
+
+        Raises:
+            CacheFileError: the seal does not match, or the file cannot be read.
+        """
+        if self._sealed:
+            return
+        try:
+            matches = self._st.seal_matches(SEAL)
+        except OSError as e:
+            raise self._error(f"cannot read ({e.strerror or e})") from None
+        except SafetensorsError as e:
+            raise self._error(f"not a readable cache file: {e}") from None
+        if not matches:
+            raise self._error("the contents do not match their SHA-256 seal "
+                              "(the file was changed or damaged)")
+        self._sealed = True
 
     def _error(self, what: str) -> CacheFileError:
         return CacheFileError(f"{self.path}: {what}")
 
+    def shape(self, lid: int, name: str) -> tuple:
+        """The ``[B, H, slots, width]`` of layer ``lid``'s ``keys``/``values`` as a store
+        holds them (quantized parts packed into one row); () when it holds no slots."""
+        key = f"layer.{lid}.{name}"
+        if not self.policy["kv_bits"]:
+            return self._st.entries[key][1] if key in self._st.entries else ()
+        if f"{key}.codes" not in self._st.entries:
+            return ()
+        shapes = [self._st.entries[f"{key}.{p}"][1] for p in PARTS]
+        return (*shapes[0][:3], sum(s[3] for s in shapes))
+
+    def layer_bytes(self, lid: int) -> int:
+        """The bytes layer ``lid``'s tensors take in the file."""
+        prefix = f"layer.{lid}."
+        return sum(self._st.nbytes(n) for n in self._st.entries if n.startswith(prefix))
+
     def arrays(self, lid: int, bits: int) -> dict:
-        """{'keys', 'values'} of layer ``lid`` as numpy arrays (quantized parts re-packed).
+        """{'keys', 'values'} of layer ``lid`` as numpy arrays (quantized parts re-packed),
+        read from the file now: callers check ``shape`` first.
 
         Raises:
-            CacheFileError: a tensor is missing or its parts do not fit together.
+            CacheFileError: the file cannot be read, changed, or does not fit in memory.
         """
         out = {}
-        for name in ("keys", "values"):
-            key = f"layer.{lid}.{name}"
-            try:
+        try:
+            for name in ("keys", "values"):
+                key = f"layer.{lid}.{name}"
                 if not bits:
                     out[name] = self._st.array(key)
                     continue
-                codes, scales, biases = (self._st.array(f"{key}.{p}") for p in _PARTS)
-                out[name] = np.concatenate([codes, scales.view("<u4"), biases.view("<u4")], axis=-1)
-            except KeyError as e:
-                raise self._error(f"tensor {e} is missing") from None
-            except ValueError as e:
-                raise self._error(f"tensor {key}: parts do not fit together ({e})") from None
+                codes, scales, biases = (self._st.array(f"{key}.{p}") for p in PARTS)
+                out[name] = np.concatenate(
+                    [codes, scales.view("<u4"), biases.view("<u4")], axis=-1)
+        except KeyError as e:
+            raise self._error(f"tensor {e} is missing") from None
+        except (SafetensorsError, MemoryError) as e:
+            raise self._error(f"cannot read layer {lid}: {e or 'out of memory'}") from None
+        except OSError as e:
+            raise self._error(f"cannot read ({e.strerror or e})") from None
         return out
-
-    def unused_tensors(self, expected: set) -> set:
-        """Tensor names in the file that no store reads."""
-        return set(self._st.entries) - expected
 
 
 def load_into(session, cache: CacheFile) -> None:
@@ -225,24 +228,25 @@ def load_into(session, cache: CacheFile) -> None:
         raise cache._error(
             f"holds layers {sorted(cache.layers)}, the graph has {sorted(session.stores)}"
         )
-    states, expected = {}, set()
+    for lid, store in session.stores.items():  # sizes from the header, before any read
+        info = cache.layers[lid]
+        try:
+            store.check_snapshot_shapes(info, {n: cache.shape(lid, n) for n in ("keys", "values")})
+        except CacheError as e:
+            raise cache._error(str(e)) from None
+    need = 2 * sum(cache.layer_bytes(lid) for lid in session.stores)  # numpy, then MLX
+    room = allocatable_bytes()
+    if room is not None and need > room:
+        raise cache._error(f"its tensors need {need} bytes, the process can allocate {room}")
+    cache.check_seal()
+    states = {}
     for lid, store in session.stores.items():
         info = cache.layers[lid]
-        if info.get("length") != cache.length:
-            raise cache._error(
-                f"layer {lid} holds {info.get('length')} positions, the session {cache.length}"
-            )
-        bits = store.policy.kv_bits
-        arrays = cache.arrays(lid, bits) if info.get("slots") else {}
-        names = [f"layer.{lid}.{n}" for n in arrays]
-        expected |= {f"{k}.{p}" for k in names for p in _PARTS} if bits else set(names)
+        arrays = cache.arrays(lid, store.policy.kv_bits) if info["slots"] else {}
         try:
             states[lid] = store.checked_snapshot(info, arrays)
         except CacheError as e:
             raise cache._error(str(e)) from None
-    extra = cache.unused_tensors(expected)
-    if extra:
-        raise cache._error(f"holds tensors no store reads: {sorted(extra)[:4]}")
     session.adopt({lid: states[lid] for lid in session.stores}, cache.length)
 
 
@@ -254,7 +258,7 @@ def restore(program, path):
     """
     from mlxgraph.interpreter.errors import SessionError
 
-    cache = path if isinstance(path, CacheFile) else CacheFile(path)
+    cache = path if isinstance(path, CacheFile) else CacheFile(path, check_seal=False)
     try:
         session = program.session(**policy_arguments(cache.policy))
     except (SessionError, CacheError, TypeError, ValueError) as e:

@@ -142,6 +142,24 @@ class StoreState(ForksOnCopy):
             arrays[name] = np.array(part)
         return info, arrays
 
+    def check_snapshot_shapes(self, info: dict, shapes: dict) -> None:
+        """Refuse a snapshot from its header alone, before its arrays are read: ``shapes``
+        ({'keys', 'values'}: ``[B, H, slots, width]``) must fit this store's slots, heads
+        and row widths.
+
+        Raises:
+            CacheError: they do not.
+        """
+        n = info.get("slots") or 0
+        if n > self._slots:
+            raise self._error(f"the snapshot's {n} slots do not fit {self._slots} slots")
+        for name, width in zip(("keys", "values"), self._codec.widths):
+            want = (info.get("batch"), self.geometry.kv_heads, n, width)
+            if n and tuple(shapes.get(name, ())) != want:
+                raise self._error(
+                    f"snapshot {name}: {list(shapes.get(name, ()))} does not fit this "
+                    f"store's [batch, {want[1]}, {n}, {width}]")
+
     def checked_snapshot(self, info: dict, arrays: dict) -> tuple:
         """Check a snapshot against this store; returns the state ``load_snapshot`` takes.
 

@@ -7,8 +7,9 @@ Layout (https://github.com/huggingface/safetensors): 8 bytes little-endian heade
 The reader is strict, because a cache file may come from a stranger: the header is
 bounded, every entry is checked (known dtype, shape of non-negative ints, offsets that
 match the shape), the tensors tile the data section exactly (no gaps, overlaps or
-trailing bytes), and arrays are read-only views of the file's bytes, read once (never
-memory-mapped: a mapped file truncated by another process kills the reader with SIGBUS).
+trailing bytes), and the data is read only when asked for, a tensor or a bounded piece at
+a time, never memory-mapped (a mapped file truncated by another process kills the reader
+with SIGBUS).
 """
 
 from __future__ import annotations
@@ -98,13 +99,21 @@ def _raw_bytes(arr: np.ndarray) -> memoryview:
 
 class SafetensorsFile:
     """A checked safetensors file: ``metadata``, ``entries`` ({name: (dtype, shape)}),
-    ``array(name)`` (a read-only numpy view), ``data`` (the data section's bytes)."""
+    ``size`` (the file's bytes), ``array(name)`` (a read-only numpy copy of one tensor).
+
+    Only the header is read here: the data is read when asked for, a tensor at a time
+    (``array``) or streamed in bounded pieces (``seal_matches``), so a file whose header
+    claims tens of GB costs nothing until a caller has checked those sizes. Every later
+    read first checks the file is still the one whose header was checked (device, inode,
+    size and modification time), so a file changed in between is refused, not mixed.
+    """
 
     def __init__(self, path):
         self.path = path
-        fd, _ = open_regular(path)   # a FIFO or device would block or never end
+        fd, st = open_regular(path)   # a FIFO or device would block or never end
+        self._identity = _identity(st)
         with os.fdopen(fd, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+            size = self.size = st.st_size
             if size < 8:
                 raise SafetensorsError(f"truncated: {size} bytes, not even a header length")
             (n,) = struct.unpack("<Q", _read_exact(f, 0, 8))
@@ -115,23 +124,14 @@ class SafetensorsFile:
                 raise SafetensorsError(f"truncated: the header needs {n} bytes, the file has "
                                        f"{size - 8} after its length")
             header = _parse_header(_read_exact(f, 8, n))
-            self.metadata = header.pop("__metadata__")
-            self._start = 8 + n
-            self.entries, self._offsets = {}, {}
-            data_bytes = self._check_layout(header)
-            # Only now, with the layout known to tile the file exactly, is the data read:
-            # a file whose header does not add up costs the header, not its size. Read,
-            # not mapped: a mapped file that shrinks under us (truncated by another
-            # process) would kill this process with SIGBUS on the next access.
-            if self._start + data_bytes != size:
-                what = "truncated" if self._start + data_bytes > size else "trailing bytes"
-                raise SafetensorsError(f"{what}: the tensors need {data_bytes} data bytes, "
-                                       f"the file has {size - self._start}")
-            try:
-                self.data = memoryview(_read_exact(f, self._start, data_bytes)).toreadonly()
-            except MemoryError:
-                raise SafetensorsError(
-                    f"{data_bytes} data bytes do not fit in memory") from None
+        self.metadata = header.pop("__metadata__")
+        self._start = 8 + n
+        self.entries, self._offsets = {}, {}
+        self.data_bytes = self._check_layout(header)
+        if self._start + self.data_bytes != size:
+            what = "truncated" if self._start + self.data_bytes > size else "trailing bytes"
+            raise SafetensorsError(f"{what}: the tensors need {self.data_bytes} data bytes, "
+                                   f"the file has {size - self._start}")
 
     def _check_layout(self, header: dict) -> int:
         """Fill entries/offsets; the tensors must tile the data section. Returns its size."""
@@ -151,8 +151,17 @@ class SafetensorsFile:
             at = end
         return at
 
+    def _open_same(self):
+        """The file opened again, refused unless it is still the one whose header was read."""
+        fd, st = open_regular(self.path)
+        if _identity(st) != self._identity:
+            os.close(fd)
+            raise SafetensorsError("the file changed since its header was read; read it again")
+        return os.fdopen(fd, "rb")
+
     def seal_matches(self, seal: str) -> bool:
-        """Whether metadata[seal] is the SHA-256 of the rest of the file (False if absent)."""
+        """Whether metadata[seal] is the SHA-256 of the rest of the file (False if absent).
+        Reads the data in pieces of 16 MiB: memory stays bounded whatever the file's size."""
         meta = dict(self.metadata)
         stored = meta.pop(seal, None)
         if stored is None:
@@ -161,27 +170,51 @@ class SafetensorsFile:
             name: {
                 "dtype": d,
                 "shape": list(s),
-                "data_offsets": [self._offsets[name], self._offsets[name] + self._size(name)],
+                "data_offsets": [self._offsets[name], self._offsets[name] + self.nbytes(name)],
             }
             for name, (d, s) in self.entries.items()
         }
         digest = _sealed_digest(meta, header)
-        for i in range(0, len(self.data), 1 << 24):
-            digest.update(self.data[i : i + (1 << 24)])
+        piece = bytearray(min(1 << 24, self.data_bytes))
+        with self._open_same() as f:
+            for at in range(0, self.data_bytes, len(piece) or 1):
+                n = min(len(piece), self.data_bytes - at)
+                if n != len(piece):
+                    piece = bytearray(n)
+                f.seek(self._start + at)
+                if f.readinto(piece) != n:
+                    raise SafetensorsError("the file changed while its seal was checked")
+                digest.update(piece)
         return digest.hexdigest() == stored
 
-    def _size(self, name: str) -> int:
+    def nbytes(self, name: str) -> int:
+        """The bytes tensor ``name`` takes in the file."""
         dtype, shape = self.entries[name]
         return math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
 
     def array(self, name: str) -> np.ndarray:
-        """Tensor ``name`` as a read-only numpy view (BF16 as uint16 bits)."""
+        """Tensor ``name`` read from the file as a read-only numpy array (BF16 as uint16 bits).
+
+        Raises:
+            KeyError: no such tensor. SafetensorsError: the file changed, or its bytes do
+                not fit in memory. OSError: the read fails.
+        """
         dtype, shape = self.entries[name]
-        np_dtype = np.dtype(_DTYPES[dtype])
-        count = math.prod(shape)
-        return np.frombuffer(
-            self.data, dtype=np_dtype, count=count, offset=self._offsets[name]
-        ).reshape(shape)
+        n = self.nbytes(name)
+        try:
+            buf = bytearray(n)
+        except MemoryError:
+            raise SafetensorsError(f"tensor {name!r}: {n} bytes do not fit in memory") from None
+        with self._open_same() as f:
+            f.seek(self._start + self._offsets[name])
+            if f.readinto(buf) != n:
+                raise SafetensorsError("the file changed while it was read")
+        return np.frombuffer(memoryview(buf).toreadonly(), dtype=np.dtype(_DTYPES[dtype])
+                             ).reshape(shape)
+
+
+def _identity(st) -> tuple:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _read_exact(f, offset: int, n: int) -> bytearray:
@@ -200,6 +233,8 @@ def _parse_header(raw) -> dict:
         header = json.loads(bytes(raw).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise SafetensorsError(f"header is not JSON ({e})") from None
+    except RecursionError:
+        raise SafetensorsError("header is not JSON (nested too deeply)") from None
     if not isinstance(header, dict):
         raise SafetensorsError("header is not a JSON object")
     meta = header.setdefault("__metadata__", {})

@@ -103,7 +103,7 @@ class SessionState(ForksOnCopy):
         """
         from mlxgraph.interpreter.cache_file import CacheFile, load_into
 
-        cache = path if isinstance(path, CacheFile) else CacheFile(path)
+        cache = path if isinstance(path, CacheFile) else CacheFile(path, check_seal=False)
         with self._exclusive():
             load_into(self, cache)
 

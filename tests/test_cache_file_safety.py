@@ -6,18 +6,22 @@ Reading: every crafted file (sealed with mlxgraph's own writer: the seal is no s
 a CacheFileError before anything the size of its claims is allocated.
 """
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
 from tiny_graph import build_tiny_graph
 
 import mlxgraph
+
+CORPUS_WORKER = Path(__file__).with_name("cache_corpus_worker.py")
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +66,7 @@ def test_interrupted_saves_leave_nothing_behind(tiny, tmp_path):
         import sys, mlx.core as mx, mlxgraph
         session = mlxgraph.load({str(tiny[0])!r}).session(capacity=32, max_step=4)
         mx.eval(session.step([[1, 2, 3, 4, 5]], range(5)))
+        session.save(sys.argv[1])
         print("ready", flush=True)
         while True:
             session.save(sys.argv[1])
@@ -79,3 +84,20 @@ def test_interrupted_saves_leave_nothing_behind(tiny, tmp_path):
         assert child.returncode != 0 and "KeyboardInterrupt" in err, err[-500:]
         assert sorted(p.name for p in tmp_path.iterdir()) == ["c.safetensors"]
     assert mlxgraph.load(tiny[0]).restore(target).length == 5
+
+
+def test_hostile_cache_corpus_is_refused_by_every_reader(tmp_path):
+    """Every mutant of three genuine files (float32 with a wrapped ring, bfloat16, 4-bit)
+    through `cache inspect` / `cache diff` (exit 2, one line), the cache view and diff,
+    session.restore, program.restore and --prompt-cache: CacheFileError (or the tool's
+    one-line error) or a file that really is fine; quickly, and never allocating what the
+    sparse files claim (40 GB and 2 GB)."""
+    res = subprocess.run([sys.executable, str(CORPUS_WORKER), str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    total = json.loads(res.stdout.strip().splitlines()[-1])
+    print(json.dumps(total))
+    assert not total["undocumented"], total["undocumented"]
+    assert total["cases"] > 500 and total["tally"]["all refused"] > 450
+    assert total["slowest"][0] < 10, total["slowest"]
+    assert total["max_rss"] < 1 << 30

@@ -72,3 +72,13 @@ def test_arrays_are_read_only(tmp_path):
     write(path, {"a": np.ones((4, 4), np.float32)}, {})
     with pytest.raises(ValueError):
         SafetensorsFile(path).array("a")[0, 0] = 2.0
+
+
+def test_a_file_changed_after_its_header_was_read_is_refused(tmp_path):
+    path = tmp_path / "a.safetensors"
+    write(path, {"a": np.ones((2, 3), np.float32)}, {}, seal="seal")
+    back = SafetensorsFile(path)
+    write(path, {"a": np.zeros((2, 3), np.float32)}, {}, seal="seal")  # same size, new file
+    for read in (lambda: back.array("a"), lambda: back.seal_matches("seal")):
+        with pytest.raises(SafetensorsError, match="changed since its header was read"):
+            read()

@@ -149,7 +149,7 @@ def test_restore_refusals_leave_the_session_unchanged(graphs, tmp_path):
         "tampered data": (raw[:-3] + bytes([raw[-3] ^ 1]) + raw[-2:], "SHA-256 seal"),
         "tampered header": (
             raw.replace(b'{\\"length\\": 1', b'{\\"length\\": 2', 1),
-            "SHA-256 seal",
+            "SHA-256 seal|malformed session header",
         ),
         "not a file": (b"\x00" * 3, "truncated"),
         "huge header": ((1 << 40).to_bytes(8, "little") + raw[8:], "over the"),

@@ -55,16 +55,18 @@ def run(args) -> int:
             CacheFile(f)
             for f in ((args.file,) if args.cache_command == "inspect" else (args.a, args.b))
         ]
+        if args.cache_command == "inspect":
+            view = file_view(files[0])
+        else:  # reads the tensors: a file changed meanwhile, or too large, is refused here
+            result = diff_caches(files[0], files[1], args.tolerance, args.block)
     except CacheFileError as e:
         return fail(f"{name}: {e}")
     if args.cache_command == "inspect":
-        view = file_view(files[0])
         if args.json:
             print_json({**json_header_for(None), "file": args.file, **view})
         else:
             _print_view(args.file, view)
         return 0
-    result = diff_caches(files[0], files[1], args.tolerance, args.block)
     if args.json:
         print_json({**json_header_for(None), "a": args.a, "b": args.b, **result})
     else:

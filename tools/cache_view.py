@@ -15,7 +15,6 @@ def file_view(cache) -> dict:
     layers = []
     for lid, info in sorted(cache.layers.items()):
         bits = cache.policy.get("kv_bits") or 0
-        arrays = cache.arrays(lid, bits) if info.get("slots") else {}
         length, oldest = info.get("length", 0), info.get("oldest", 0)
         layers.append(
             {
@@ -31,7 +30,7 @@ def file_view(cache) -> dict:
                 "dtype": None if bits else info.get("dtype"),
                 "bits": bits,
                 "group_size": cache.policy.get("kv_group_size") if bits else None,
-                "bytes": sum(a.nbytes for a in arrays.values()),
+                "bytes": cache.layer_bytes(lid),
             }
         )
     return {
@@ -59,6 +58,7 @@ def layer_history(cache, lid: int) -> tuple[int, np.ndarray, np.ndarray]:
         return oldest, np.zeros((0, 0, 0, 0), np.float32), np.zeros((0, 0, 0, 0), np.float32)
     policy = cache.policy
     bits, group = policy.get("kv_bits") or 0, policy.get("kv_group_size")
+    _check_room(cache, lid, length - oldest)
     out = []
     slots = np.arange(oldest, length) % modulus
     for arr in cache.arrays(lid, bits).values():
@@ -75,6 +75,21 @@ def layer_history(cache, lid: int) -> tuple[int, np.ndarray, np.ndarray]:
             rows = np.array(mx.array(rows).view(mx.bfloat16).astype(mx.float32))
         out.append(rows.astype(np.float32))
     return oldest, out[0], out[1]
+
+
+def _check_room(cache, lid: int, n: int) -> None:
+    """Refuse (CacheFileError) a layer whose float32 history would not fit in memory."""
+    from mlxgraph.interpreter.memory import allocatable_bytes
+
+    room = allocatable_bytes()
+    batch, heads, _, width = cache.shape(lid, "keys")
+    v_width = cache.shape(lid, "values")[3]
+    # The file's bytes, the position-ordered rows, and their float32 values (dequantized:
+    # up to 8 floats per 32-bit word at 4 bits).
+    need = cache.layer_bytes(lid) + batch * heads * n * (width + v_width) * 4 * 9
+    if room is not None and need > room:
+        raise cache._error(f"layer {lid} needs {need} bytes to compare, the process can "
+                           f"allocate {room}")
 
 
 def _quantized_dim(width: int, bits: int, group: int) -> int:

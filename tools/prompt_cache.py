@@ -47,24 +47,24 @@ def load_prompt_cache(path, session, prompt_ids) -> PromptCacheReport:
         return report
     t0 = time.perf_counter()
     try:
-        cache = CacheFile(path)
-    except CacheFileError as e:
-        raise ToolError(f"--prompt-cache: {e}") from None
-    if cache.graph != session.program.fingerprint:
-        raise ToolError(
-            f"--prompt-cache: {path} was saved from another graph; delete it or use another file"
-        )
-    tokens = cache.tokens
-    if tokens is None or list(tokens) != list(prompt_ids[: len(tokens)]):
-        report.note = "its history is not a prefix of this prompt; prefilled from the start"
-        return report
-    if cache.policy != session.policy:
-        report.note = (
-            "saved with another cache policy (capacity, kv dtype/bits, windows, "
-            "prefill chunk); not reused"
-        )
-        return report
-    try:
+        # The seal is checked by the restore, or before the file is replaced: a damaged
+        # file is refused either way, and a huge one is measured against the graph first.
+        cache = CacheFile(path, check_seal=False)
+        if cache.graph != session.program.fingerprint:
+            raise ToolError(f"--prompt-cache: {path} was saved from another graph; "
+                            "delete it or use another file")
+        tokens = cache.tokens
+        if tokens is None or list(tokens) != list(prompt_ids[: len(tokens)]):
+            cache.check_seal()
+            report.note = "its history is not a prefix of this prompt; prefilled from the start"
+            return report
+        if cache.policy != session.policy:
+            cache.check_seal()
+            report.note = (
+                "saved with another cache policy (capacity, kv dtype/bits, windows, "
+                "prefill chunk); not reused"
+            )
+            return report
         session.restore(cache)
     except CacheFileError as e:
         raise ToolError(f"--prompt-cache: {e}") from None
