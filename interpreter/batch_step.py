@@ -103,6 +103,11 @@ def _step_locked(program, rows, observer) -> list:
     if len(program.checked_shapes) < 4096:
         program.checked_shapes.add(shapes)
     outputs = {name: tensors[slot] for name, slot in program.outputs.items()}
+    # What the sessions keep is queued now, inside their locks (see session_lock.py).
+    first._lock.schedule([a for s, _, _ in rows for a in s.cache_state()]
+                         + [f for _, f in flags if isinstance(f, mx.array)]
+                         + [x for _, f in flags if isinstance(f, tuple) for x in f]
+                         + [flag for _, _, flag in packed if flag is not None])
     return [_row_result(program, outputs, s, sp, flag, [(node, f[i]) for node, f in flags])
             for i, ((s, _, _), sp, (_, _, flag)) in enumerate(zip(rows, spans, packed))]
 
@@ -122,8 +127,9 @@ def _row_result(program, outputs, session, span, token_flag, node_flags):
     outs = {name: out[(slice(None),) * axes[name] + (slice(start, start + n),)]
             for name, out in outputs.items()}
     row_flags = ([] if token_flag is None else [(None, token_flag)]) + node_flags
-    if row_flags:
-        outs = poison(outs, [f for _, f in row_flags])
-        session._pending.add(session.length, n, row_flags)
+    own = [f for _, f in row_flags]
+    if bad := own + session._pending.unread():
+        outs = poison(outs, bad)
+    session._pending.add(session.length, n, row_flags)
     session._length += n
     return next(iter(outs.values())) if len(outs) == 1 else outs

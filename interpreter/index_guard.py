@@ -69,15 +69,23 @@ class PendingChecks:
 
     A step's flags are read at the second ``step()`` after it (by then a caller that
     pipelines with ``mx.async_eval`` has already waited for it, so reading costs nothing),
-    or at ``trim()`` / ``check()``, which read every pending flag (evaluating it if needed).
+    or at ``trim()`` / ``check()`` / ``save()`` / ``describe()``, which read every pending
+    flag (evaluating it if needed). Every step is recorded, with or without flags, so
+    "the step before" is always the previous step. The step in between, built on a
+    history whose last step is not read yet, gets that step's flags too (``unread``):
+    its outputs are NaN when its history holds a bad index, never quietly wrong.
     """
 
     def __init__(self):
         self._steps = deque()  # (start position, tokens, [(what, flag)])
 
     def add(self, start: int, n_new: int, flags: list) -> None:
-        """Record one step's flags (``flags``: [(what, 0-d bool array)])."""
+        """Record one step and its flags (``flags``: [(what, 0-d bool array)], maybe none)."""
         self._steps.append((start, n_new, flags))
+
+    def unread(self) -> list:
+        """The flags not read yet (arrays), which a step built now depends on."""
+        return [f for _, _, flags in self._steps for _, f in flags]
 
     def clear(self) -> None:
         """Forget every pending flag (the history they guard is gone)."""
@@ -95,7 +103,7 @@ class PendingChecks:
         """
         while len(self._steps) > (1 if keep_latest else 0):
             start, n_new, flags = self._steps.popleft()
-            for what, flag in flags:
+            for what, flag in flags:  # (a step without flags is dropped unread)
                 if flag.item():
                     self._steps.clear()
                     return start, n_new, what

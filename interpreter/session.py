@@ -51,7 +51,9 @@ class Session(SessionState):
         kv_bits: 0 (floats), 4 or 8: store k/v group-wise affine quantized (mx.quantize).
         kv_group_size: elements per quantization group (32, 64 or 128).
     A session may be used from any thread, one call at a time: a step, trim or reset
-    while another thread is inside one raises SessionError (nothing changes).
+    while another thread is inside one raises SessionError (nothing changes). A step
+    queues the evaluation of the cache it leaves (session_lock.py), so its outputs may be
+    evaluated on its thread while other threads use the session.
 
     Raises:
         SessionError: a bad override (capacity or max_step not an int in [1, 2**31 - 1],
@@ -111,7 +113,7 @@ class Session(SessionState):
         Raises:
             SessionError: another thread is inside a call on this session.
         """
-        with self._exclusive():
+        with self._lock.hold(self.cache_state, settle=False):  # nothing kept to wait for
             self._reset()
 
     def _reset(self) -> None:
@@ -238,10 +240,12 @@ class Session(SessionState):
             store.commit()
         if len(checked) < 4096:
             checked.add(shapes)
-        if flags:
-            outs = poison(outs, [f for _, f in flags])
-            self._pending.add(self._length, n_new, flags)
+        own = [f for _, f in flags]
+        if bad := own + self._pending.unread():
+            outs = poison(outs, bad)
+        self._pending.add(self._length, n_new, flags)
         self._length += n_new
+        self._lock.schedule(self.cache_state() + own)
         return next(iter(outs.values())) if len(outs) == 1 else outs
 
     def _run(self, tensors, values, observer, flags, check_sizes, last_row=0) -> bool:

@@ -63,8 +63,13 @@ class SessionState(ForksOnCopy):
         """What the session holds, per layer (kind, positions, window, dtype or bits, bytes).
 
         JSON-ready; the same view as ``mlxgraph cache inspect`` gives for a saved file.
+
+        Raises:
+            SessionError / GraphRuntimeError: a pending index check failed (see ``check``).
         """
-        layers = [store.describe() for store in self.stores.values()]
+        with self._exclusive():
+            self._raise_failed_checks(keep_latest=False)
+            layers = [store.describe() for store in self.stores.values()]
         return {
             "graph": self.program.fingerprint,
             "length": self._length,
