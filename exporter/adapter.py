@@ -59,7 +59,8 @@ class TraceRecord:
         self.paths = paths
 
 
-# The forward being run: (positions as [T, 1], its adapter's TraceRecord). A context
+# The forward being run: (positions as [T, 1], its adapter's TraceRecord, the layer ids
+# attended so far in this forward, so a reused layer is refused). A context
 # variable, so adapters running in other threads never see each other's step.
 _STEP: ContextVar = ContextVar("mlxgraph_adapter_step", default=None)
 
@@ -75,12 +76,16 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     step = _STEP.get()
     if step is None:
         raise AdapterError("the mlxgraph attention runs only inside DecoderAdapter.forward")
-    position, record = step
+    position, record, used = step
     layer_id = getattr(module, "layer_idx", None)
     if layer_id is None:
         raise AdapterError(f"{type(module).__name__} has no layer_idx to key its cache by")
     layer_id = int(layer_id)
     where = f"{record.paths.get(id(module), f'layer {layer_id}')} ({type(module).__name__})"
+    if layer_id in used:  # a reused layer: two calls would share (interleave) one cache
+        raise AdapterError(f"{where}: a second attention call with layer_idx {layer_id} in one "
+                           "forward (a reused or shared layer); each needs a KV cache of its own")
+    used.add(layer_id)
     if attention_mask is not None:
         raise AdapterError(f"{where}: an explicit attention mask is not supported")
     # An unknown flag left off (None / False) asks for nothing.
@@ -134,7 +139,7 @@ class DecoderAdapter(torch.nn.Module):
 
     def forward(self, tokens, positions):
         """Run one step; also records each attention layer's geometry (see layer_infos)."""
-        token = _STEP.set((positions.reshape(-1, 1), self.record))
+        token = _STEP.set((positions.reshape(-1, 1), self.record, set()))
         try:
             with using_reference_cache(self.record.reference_cache):
                 out = self.model(input_ids=tokens, position_ids=positions.unsqueeze(0),

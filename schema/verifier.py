@@ -20,6 +20,7 @@ from mlxgraph.schema.format import (
     MAX_FLATBUFFER_BYTES,
 )
 from mlxgraph.schema.verify_bounds import StepBounds, check_bounds
+from mlxgraph.schema.verify_layers import check_layers
 from mlxgraph.schema.verify_plans import table_plans
 from mlxgraph.schema.verify_quantized import check_quantized
 from mlxgraph.schema.verify_semantics import check_graph
@@ -200,6 +201,7 @@ def _verify(data, size: int, deep: bool, constants, element_limit) -> VerifyRepo
     fixed = check_graph(graph, constants, deep)
     bounds = check_bounds(graph, fixed, element_limit)
     check_quantized(graph)
+    check_layers(graph)
     return VerifyReport(
         f"{version[0]}.{version[1]}",
         graph.producer.decode("utf-8", "replace") if graph.producer else "",

@@ -26,7 +26,7 @@ def split_heads(w, lin, name: str, heads: int, head_dim: int, t_val) -> int:
 
 
 def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,), record_layers=True,
-                     recorded_kv_heads=HKV):
+                     recorded_kv_heads=HKV, layer_ids=None):
     """Write the tiny graph to ``path``; returns its weights (for the oracle).
 
     Args:
@@ -37,7 +37,10 @@ def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,), r
         record_layers: write the layers' cache geometry into the metadata.
         recorded_kv_heads: the kv_heads the metadata records (another value than the graph's
             K/V really have makes a graph whose cache geometry is wrong).
+        layer_ids: the attention nodes' layer_ids (default 0, 1, ...; a repeated id makes
+            a graph whose layers share one cache, which no reader accepts).
     """
+    layer_ids = tuple(range(len(windows))) if layer_ids is None else tuple(layer_ids)
     rng = np.random.default_rng(seed)
     wts = {
         "embed": rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32),
@@ -82,7 +85,7 @@ def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,), r
             v=heads["v"],
             position=pos,
             out=one,
-            layer_id=layer,
+            layer_id=layer_ids[layer],
             scale=float(D) ** -0.5,
         )
         if att is not None:
@@ -106,7 +109,8 @@ def build_tiny_graph(path, seed=0, max_t=64, fail_unless_t=None, windows=(0,), r
     w.metadata.max_context = max_t
     if record_layers:
         w.metadata.layers = tuple(
-            LayerCacheInfo(i, recorded_kv_heads, D, D, win) for i, win in enumerate(windows)
+            LayerCacheInfo(lid, recorded_kv_heads, D, D, win)
+            for lid, win in dict(zip(layer_ids, windows)).items()
         )
     w.write(path)
     return wts
