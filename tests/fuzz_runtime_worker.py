@@ -4,10 +4,12 @@
 
 Mutates real graph files (the verifier fuzz's mutations: bit flips, wild offsets, odd
 scalars, truncations...) and takes each file that passes ``verify`` through
-``load -> session -> one step -> evaluation -> session.check()``. The only exceptions a
-file may cause are the documented ones (GraphFormatError, SessionError, CacheError,
-GraphRuntimeError); anything else is counted by type with its first case. A crash or a
-hang kills this process: the last case started is in PROGRESS_FILE. Prints one JSON line.
+``load -> session -> one step -> evaluation -> session.check()``, then through the session's
+other calls (fork, save and restore, trim, a step from another thread, a lazy bad token
+id: ``session_calls``). The only exceptions a file may cause are the documented ones
+(GraphFormatError, SessionError, CacheError, GraphRuntimeError, CacheFileError); anything
+else is counted by type with its first case. A crash or a hang kills this process: the
+last case started is in PROGRESS_FILE. Prints one JSON line.
 """
 
 import json
@@ -24,10 +26,16 @@ from test_fuzz_verifier import _small, field_positions, mutate  # noqa: E402
 from tiny_graph import build_tiny_graph  # noqa: E402
 
 import mlxgraph  # noqa: E402
-from mlxgraph import CacheError, GraphFormatError, GraphRuntimeError, SessionError  # noqa: E402
+from mlxgraph import (  # noqa: E402
+    CacheError,
+    CacheFileError,
+    GraphFormatError,
+    GraphRuntimeError,
+    SessionError,
+)
 from mlxgraph.schema.verifier import verify_buffer  # noqa: E402
 
-DOCUMENTED = (GraphFormatError, SessionError, CacheError, GraphRuntimeError)
+DOCUMENTED = (GraphFormatError, SessionError, CacheError, GraphRuntimeError, CacheFileError)
 
 
 def bases() -> list:
@@ -57,7 +65,56 @@ def one_case(data: bytes) -> str:
         session.check()
     except DOCUMENTED as e:
         return f"refused:{type(e).__name__}"
-    return "ran"
+    return "ran" + session_calls(program, session, vocab)
+
+
+def session_calls(program, session, vocab) -> str:
+    """What a file that ran takes next: a fork stepped on, save and restore into a fresh
+    session and by the program, trim, a lazy token id outside the vocabulary (its second
+    step after must raise SessionError), a step from another thread. Returns a tally
+    suffix: '' when every call did what it documents, ':<Type>' for a documented refusal."""
+    import threading
+
+    def out_of(x):
+        mx.eval(x if not isinstance(x, dict) else list(x.values()))
+
+    try:
+        twin = session.fork()
+        out_of(twin.step([[3 % vocab]], [2]))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "c.safetensors"
+            session.save(path, tokens=[1 % vocab, 2 % vocab])
+            fresh = program.session(capacity=16)
+            fresh.restore(path)
+            again = program.restore(path)
+            if fresh.length != 2 or again.length != 2:
+                raise AssertionError("a restored session lost its length")
+        session.trim(1)
+        box = []  # (outputs belong to the thread that built them: evaluated there)
+
+        def in_thread():
+            try:
+                out_of(session.step([[1 % vocab]], [1]))
+            except BaseException as e:  # noqa: BLE001 - raised again on this thread
+                box.append(e)
+
+        worker = threading.Thread(target=in_thread)
+        worker.start()
+        worker.join()
+        if box:
+            raise box[0]
+        session.step(mx.array([[vocab + 3]]), [2])
+        session.step([[0]], [3])
+        try:
+            session.step([[0]], [4])
+        except SessionError as e:
+            if "outside the vocabulary" not in str(e):
+                raise
+        else:
+            raise AssertionError("a lazy token id past the vocabulary was not refused")
+    except DOCUMENTED as e:
+        return f":{type(e).__name__}"
+    return ""
 
 
 def main(seed: int, first: int, count: int, progress: str) -> dict:
