@@ -117,6 +117,7 @@ class SessionState(ForksOnCopy):
         for lid, state in states.items():
             self.stores[lid].load_snapshot(state)
         self._length = length
+        self._lock.schedule(self.cache_state())  # any thread may continue (session_lock.py)
 
     def adopt_stores(self, stores: dict, length: int) -> None:
         """Take over ``stores`` (e.g. forks) and the length."""

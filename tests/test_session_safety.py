@@ -93,6 +93,12 @@ def _in_thread(fn):
     return value
 
 
+def copy_of(oracle):
+    twin = TinyOracle.__new__(TinyOracle)
+    twin.__dict__.update(oracle.__dict__)
+    return twin
+
+
 def test_a_session_moves_between_threads_even_unevaluated(tiny):
     """A step never evaluated continues in another thread, alive or ended; a session last
     stepped in a thread that has ended takes reset, trim, fork, save and steps anywhere."""
@@ -105,6 +111,16 @@ def test_a_session_moves_between_threads_even_unevaluated(tiny):
     oracle.step(np.array([4, 5]))
     assert _matches(session, oracle, [6])
     _in_thread(lambda: session.step([[7]], [6]))
+    file = Path(os.environ.get("TMPDIR", "/tmp")) / f"moves-{os.getpid()}.safetensors"
+    try:
+        _in_thread(lambda: session.save(file))
+        restored = _in_thread(lambda: mlxgraph.load(path).restore(file))  # its thread ends
+        _in_thread(lambda: session.restore(file))
+    finally:
+        file.unlink(missing_ok=True)
+    oracle.step(np.array([7]))
+    probe = copy_of(oracle)
+    assert _matches(restored, probe, [8])
     twin = session.fork()
     assert session.trim(1) == 6 and twin.length == 7
     session.reset()
