@@ -283,20 +283,3 @@ def test_cli_refusal_is_one_line_and_exit_1(tmp_path, capsys):
     ]  # progress lines start with [time]
     assert lines == [f"mlxgraph: export: {folder}: cannot export: {line}"]
     assert "Traceback" not in err
-
-
-def test_a_reused_attention_layer_is_refused_in_one_line():
-    """A model that runs one attention layer twice in a forward (a reused module, or two
-    modules with one layer_idx) would write two caches under one layer id: refused by the
-    adapter, as the verifier and the loader refuse such a graph file."""
-    model = build_model(make_config("llama", **_SMALL))
-    model.model.layers[1] = model.model.layers[0]
-    adapter = DecoderAdapter(model)
-    with pytest.raises(AdapterError, match=r"model\.layers\.0\.self_attn \(LlamaAttention\): a "
-                                           r"second attention call with layer_idx 0"):
-        with torch.no_grad():
-            adapter(torch.tensor([[1, 2]], dtype=torch.int32), torch.arange(2, dtype=torch.int32))
-    twice = DecoderAdapter(build_model(make_config("llama", **_SMALL)))
-    with torch.no_grad():  # one layer in every forward, forward after forward, is fine
-        for s in range(2):
-            twice(torch.tensor([[s + 1]], dtype=torch.int32), torch.tensor([s], dtype=torch.int32))

@@ -112,3 +112,28 @@ def test_layer_ids_must_fit_a_cache_file(tmp_path):
     build_tiny_graph(path, layer_ids=(4096,))
     verify_buffer(path.read_bytes(), deep=True)
     assert list(mlxgraph.load(path).layers) == [4096]
+
+
+def test_a_reused_attention_layer_is_refused_in_one_line():
+    """A model that runs one attention layer twice in a forward (a reused module, or two
+    modules with one layer_idx) would write two caches under one layer id: refused by the
+    adapter, as the verifier and the loader refuse such a graph file."""
+    import torch
+
+    from mlxgraph.exporter import AdapterError
+    from mlxgraph.exporter.adapter import DecoderAdapter
+    from mlxgraph.exporter.builtins import build_model, make_config
+
+    small = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    model = build_model(make_config("llama", **small))
+    model.model.layers[1] = model.model.layers[0]
+    adapter = DecoderAdapter(model)
+    with pytest.raises(AdapterError, match=r"model\.layers\.0\.self_attn \(LlamaAttention\): a "
+                                           r"second attention call with layer_idx 0"):
+        with torch.no_grad():
+            adapter(torch.tensor([[1, 2]], dtype=torch.int32), torch.arange(2, dtype=torch.int32))
+    twice = DecoderAdapter(build_model(make_config("llama", **small)))
+    with torch.no_grad():  # one layer in every forward, forward after forward, is fine
+        for s in range(2):
+            twice(torch.tensor([[s + 1]], dtype=torch.int32), torch.tensor([s], dtype=torch.int32))
