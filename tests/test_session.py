@@ -55,7 +55,8 @@ def test_attention_layer_without_cache_geometry_is_rejected(tmp_path):
     path = tmp_path / "nometa.mlxg"
     build_tiny_graph(path, record_layers=False)
     with pytest.raises(
-        GraphFormatError, match=r"node \d+: field layer_id: layer_id 0 has no cache geometry"
+        GraphFormatError,
+        match=r"node \d+: field UpdateAndAttend\.layer_id: layer_id 0 has no cache geometry",
     ):
         mlxgraph.load(path)
 
