@@ -146,13 +146,14 @@ class HFTokenizer:
         generation = _json(files, "generation_config.json", origin)
         self.generation_eos_ids = _id_list(generation.get("eos_token_id"))
 
-    @staticmethod
-    def _chat_template(files: dict, config: dict, origin: str) -> str | None:
+    def _chat_template(self, files: dict, config: dict, origin: str) -> str | None:
         if "chat_template.jinja" in files:
+            self.chat_template_name = f"the {origin} chat template (chat_template.jinja)"
             return files["chat_template.jinja"]
-        template = _json(files, "chat_template.json", origin).get(
-            "chat_template", config.get("chat_template")
-        )
+        source = _json(files, "chat_template.json", origin)
+        where = "chat_template.json" if "chat_template" in source else "tokenizer_config.json"
+        self.chat_template_name = f"the {origin} chat template ({where})"
+        template = source.get("chat_template", config.get("chat_template"))
         if isinstance(template, list):  # named templates: the "default" one
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default")
@@ -187,6 +188,7 @@ class HFTokenizer:
             add_generation_prompt,
             {**self.special_tokens, **extra},
             error=TokenizerError,
+            name=self.chat_template_name,
         )
         return self.encode(text, add_special_tokens=False)
 

@@ -57,7 +57,7 @@ def test_cli_never_reads_a_folder_the_graph_names(tmp_path, hf_folder):
                     {"chat_template": "{{ ''.__class__.__mro__[1].__subclasses__() }}"}
                 ),
             },
-            "the chat template failed",
+            "chat template (tokenizer_config.json) failed",
         ),
         (
             {
