@@ -37,3 +37,8 @@ class PipelineError(RuntimeError):
 
     The pipeline session that raised it cannot continue: every later call raises again.
     """
+
+
+class TokenizerError(Exception):
+    """The graph's tokenizer cannot be loaded, its chat template fails, or a text or a list
+    of ids cannot be encoded or decoded with it (one line: which tokenizer and why)."""

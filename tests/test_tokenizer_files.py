@@ -49,7 +49,7 @@ def test_cli_never_reads_a_folder_the_graph_names(tmp_path, hf_folder):
 @pytest.mark.parametrize(
     "files, message",
     [
-        ({"tokenizer.json": "{not json"}, "cannot load tokenizer.json"),
+        ({"tokenizer.json": "{not json"}, "tokenizer.json is not valid JSON"),
         (
             {
                 "tokenizer.json": None,
