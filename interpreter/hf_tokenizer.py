@@ -142,13 +142,16 @@ class HFTokenizer:
         return self._library("look up a token", self._tok.token_to_id, token)
 
     def apply_chat_template(
-        self, messages, add_generation_prompt: bool = True, **extra
+        self, messages, add_generation_prompt: bool = True, limits=None, **extra
     ) -> list[int]:
         """Token ids of the conversation rendered with the chat template, as transformers'
         ``apply_chat_template(messages, add_generation_prompt=..., tokenize=True)`` gives them.
 
+        ``limits``: what the render may spend (TemplateLimits; default its defaults).
+
         Raises:
-            TokenizerError: no chat template, or it fails to render (its own message).
+            TokenizerError: no chat template, or it fails to render (its own message) or
+                passes its limits.
         """
         if self.chat_template is None:
             raise TokenizerError(f"the {self.name} tokenizer has no chat template")
@@ -159,6 +162,7 @@ class HFTokenizer:
             {**self.special_tokens, **extra},
             error=TokenizerError,
             name=self.chat_template_name,
+            limits=limits,
         )
         return self.encode(text, add_special_tokens=False)
 

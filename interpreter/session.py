@@ -6,6 +6,7 @@ rejected, or whose graph fails to build, leaves the session exactly as it was: t
 stores stage their writes and only commit once every node has run.
 """
 
+from functools import partial
 from numbers import Integral
 
 from mlxgraph.interpreter.errors import SessionError
@@ -68,7 +69,9 @@ class Session(SessionState):
                  max_step=None, kv_bits=0, kv_group_size=64):
         self.program = program
         self._pending = PendingChecks()
-        self._lock = SessionLock(self._fail)
+        # Not self._fail: a bound method in the lock would be a reference cycle, and a
+        # finished session's arrays would wait for the cycle collector.
+        self._lock = SessionLock(partial(_session_error, program.path))
         self._options = {"capacity": capacity, "kv_dtype": kv_dtype, "windows": windows,
                          "preallocate": preallocate, "max_step": max_step, "kv_bits": kv_bits,
                          "kv_group_size": kv_group_size}
@@ -93,8 +96,7 @@ class Session(SessionState):
 
     def _fail(self, reason: str) -> SessionError:
         """A SessionError naming the graph file."""
-        path = self.program.path
-        return SessionError(f"{path if path else '<bytes>'}: {reason}")
+        return _session_error(self.program.path, reason)
 
     # ------------------------------------------------------------------ state
     @property
@@ -251,6 +253,11 @@ class Session(SessionState):
     def _run(self, tensors, values, observer, flags, check_sizes, last_row=0) -> bool:
         return run_nodes(self.program, tensors, values, self._ctx, observer, flags,
                          check_sizes, last_row)
+
+
+
+def _session_error(path, reason: str) -> SessionError:
+    return SessionError(f"{path if path else '<bytes>'}: {reason}")
 
 
 __all__ = ["Session", "StepContext", "SessionError"]

@@ -30,7 +30,7 @@ CORPUS = [
 ]
 
 
-def chat_graph(path):
+def chat_graph(path, template=TEMPLATE):
     """A synthetic Llama graph carrying a trained byte-level BPE tokenizer with a chat
     template (vocabulary = the tokenizer's, so every id decodes). No torch."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -41,7 +41,7 @@ def chat_graph(path):
     trainer = trainers.BpeTrainer(vocab_size=384, show_progress=False, special_tokens=SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS * 20, trainer)
-    config = {"bos_token": "<s>", "eos_token": "<|im_end|>", "chat_template": TEMPLATE}
+    config = {"bos_token": "<s>", "eos_token": "<|im_end|>", "chat_template": template}
     files = {"tokenizer.json": tok.to_str(), "tokenizer_config.json": json.dumps(config)}
     return synthetic_graph(path, eos=(tok.token_to_id("<|im_end|>"),), tokenizer="embedded",
                            vocab=tok.get_vocab_size(), files=files)

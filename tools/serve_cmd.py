@@ -4,7 +4,7 @@ Each request gets its own session over the one loaded Program; one scheduler thr
 them all, interleaved. Needs the ``serve`` extra (starlette, uvicorn).
 """
 
-from mlxgraph.tools.output import ToolError, fail, non_negative_int, positive_int
+from mlxgraph.tools.output import ToolError, fail, non_negative_int, positive_float, positive_int
 from mlxgraph.tools.text_options import add_element_limit_option
 
 INSTALL_HINT = "needs starlette and uvicorn: pip install 'mlxgraph[serve]'"
@@ -37,6 +37,9 @@ def add_arguments(p) -> None:
     add_element_limit_option(p)
     p.add_argument("--shutdown-timeout", type=positive_int, default=10,
                    help="seconds streams in flight may take after SIGTERM (default 10)")
+    p.add_argument("--tokenize-timeout", type=positive_float, default=5.0, metavar="S",
+                   help="seconds a request's chat template and tokenization may take "
+                   "(default 5)")
     p.add_argument("--log-level", choices=("warning", "info", "debug"), default="info",
                    help="info (default) logs one line per request")
 
@@ -82,4 +85,5 @@ def run(args) -> int:
         scheduler.close()
         return fail(f"serve: cannot listen on {args.host}:{args.port} ({e.strerror or e})")
     model_id = args.model_id or Path(args.graph).name.removesuffix(".mlxg")
-    return serve(scheduler, sock, model_id, float(args.shutdown_timeout))
+    return serve(scheduler, sock, model_id, float(args.shutdown_timeout),
+                 tokenize_timeout=args.tokenize_timeout)

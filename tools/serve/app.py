@@ -10,14 +10,17 @@ large, 429 queue full and 503 shutting down (both with ``Retry-After``).
 
 import asyncio
 import json
+import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from mlxgraph.interpreter.chat_template import TemplateLimits
 from mlxgraph.interpreter.tokenizer import TokenizerError
 from mlxgraph.tools.serve.job import Job
 from mlxgraph.tools.serve.openai_requests import (
@@ -30,6 +33,8 @@ from mlxgraph.tools.serve.openai_responses import ResponseBuilder
 
 MAX_BODY_BYTES = 8 << 20
 RETRY_AFTER_SECONDS = 1
+TOKENIZE_THREADS = 4  # requests rendered and tokenized at once; more wait for a thread
+log = logging.getLogger("mlxgraph.serve")
 
 
 def error_response(e: RequestError) -> JSONResponse:
@@ -52,15 +57,21 @@ async def read_body(request) -> bytes:
     return b"".join(chunks)
 
 
-def tokenize(info, req) -> list:
-    """The prompt's token ids (chat: the chat template applied). Raises RequestError."""
+def tokenize(info, req, limits=None) -> list:
+    """The prompt's token ids (chat: the chat template applied, under ``limits``).
+
+    Raises:
+        RequestError: 400 for a prompt or conversation the tokenizer or its chat template
+            refuses (a template that fails or passes its limits included).
+    """
     tok, where = info.tokenizer, "messages" if req.kind == "chat" else "prompt"
     try:
         if req.kind == "chat":
             if tok is None or tok.chat_template is None:
                 raise RequestError("this model's tokenizer has no chat template; "
                                    "use /v1/completions", "messages")
-            ids = tok.apply_chat_template(req.messages, add_generation_prompt=True)
+            ids = tok.apply_chat_template(req.messages, add_generation_prompt=True,
+                                          limits=limits)
         elif isinstance(req.prompt, list):
             ids = req.prompt
         elif tok is None:
@@ -88,10 +99,25 @@ class Handlers:
         scheduler: the started Scheduler; model_id: the name /v1/models lists.
     """
 
-    def __init__(self, scheduler, model_id: str):
+    def __init__(self, scheduler, model_id: str, tokenize_timeout: float = 5.0):
         self.scheduler, self.info, self.model_id = scheduler, scheduler.info, model_id
         self.max_tokens = scheduler.options.max_tokens
         self.created = int(time.time())
+        self.tokenize_timeout = float(tokenize_timeout)
+        self.pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="mlxgraph-tokenize")
+
+    async def _tokenize(self, req) -> list:
+        """``tokenize`` on one of the tokenizing threads, within ``tokenize_timeout`` (the
+        template's own deadline; the wait for a thread counts too)."""
+        limits = TemplateLimits(seconds=self.tokenize_timeout)
+        work = asyncio.get_running_loop().run_in_executor(self.pool, tokenize, self.info,
+                                                          req, limits)
+        try:
+            return await asyncio.wait_for(work, self.tokenize_timeout + 1.0)
+        except asyncio.TimeoutError:
+            raise RequestError(f"tokenizing the request took more than "
+                               f"{self.tokenize_timeout:g} s (the server is busy)",
+                               status=503, kind="server_error") from None
 
     async def health(self, request):
         return JSONResponse({"status": "ok"})
@@ -127,9 +153,12 @@ class Handlers:
         try:
             doc = parse_json(await read_body(request))
             req = parse_completion(doc) if kind == "completion" else parse_chat(doc)
-            job = self._job(req, await run_in_threadpool(tokenize, self.info, req))
+            job = self._job(req, await self._tokenize(req))
         except RequestError as e:
             return error_response(e)
+        except ClientDisconnect:
+            log.info("a client went away before its request was read")
+            return Response(status_code=499)  # nobody reads this
         queue, loop = asyncio.Queue(), asyncio.get_running_loop()
         job.post = lambda event: _post(loop, queue, event)
         try:
@@ -162,6 +191,7 @@ class Handlers:
             return getter.result()
         getter.cancel()
         self.scheduler.cancel(job)
+        log.info("request %d: the client went away; cancelled", job.number)
         return None
 
     async def _whole(self, request, job, queue, builder, event):
@@ -204,6 +234,8 @@ class Handlers:
         finally:
             if not done:  # the client went away (or the server is stopping): free the session
                 self.scheduler.cancel(job)
+                log.info("request %d: the stream was closed before its end; cancelled",
+                         job.number)
 
     def _token_text(self, token: int) -> str:
         tok = self.info.tokenizer
@@ -226,6 +258,15 @@ def _sse(doc) -> str:
     return f"data: {json.dumps(doc)}\n\n"
 
 
+async def _server_error(request, exc):
+    """Whatever a handler did not expect: a JSON 500, never starlette's plain text."""
+    log.error("%s %s failed: %s: %s", request.method, request.url.path,
+              type(exc).__name__, exc, exc_info=exc)
+    return JSONResponse({"error": {"message": f"internal error: {type(exc).__name__}",
+                                   "type": "server_error", "param": None, "code": None}},
+                        status_code=500)
+
+
 async def _http_error(request, exc):
     kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
     return JSONResponse({"error": {"message": f"{request.method} {request.url.path}: "
@@ -233,9 +274,9 @@ async def _http_error(request, exc):
                                    "code": None}}, status_code=exc.status_code)
 
 
-def build_app(scheduler, model_id: str, lifespan=None) -> Starlette:
-    """The starlette application over a started scheduler."""
-    h = Handlers(scheduler, model_id)
+def build_app(scheduler, model_id: str, lifespan=None, tokenize_timeout: float = 5.0):
+    """The starlette application over a started scheduler (its Handlers: ``app.state``)."""
+    h = Handlers(scheduler, model_id, tokenize_timeout)
     routes = [
         Route("/health", h.health, methods=["GET"]),
         Route("/v1/models", h.models, methods=["GET"]),
@@ -243,8 +284,10 @@ def build_app(scheduler, model_id: str, lifespan=None) -> Starlette:
         Route("/v1/completions", h.completions, methods=["POST"]),
         Route("/v1/chat/completions", h.chat, methods=["POST"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error},
-                     lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
+        HTTPException: _http_error, Exception: _server_error})
+    app.state.handlers = h
+    return app
 
 
 __all__ = ["build_app", "error_response", "read_body", "tokenize"]

@@ -58,7 +58,7 @@ class Stepper:
             try:
                 budget -= self._prefill(job, work)
             except Exception as e:  # noqa: BLE001 - this job's step failed; others go on
-                ended.append((job, e))
+                ended.append((job, _bare(e)))
         ahead = [j for j in decoding if len(j.tokens) + 1 < j.limit]
         for job, logits in self._decode_logits(ahead):
             try:
@@ -67,7 +67,7 @@ class Stepper:
                 job.ahead, job.ahead_logprob = self._pick(job, logits)
                 work += [job.ahead] + list(job.ahead_logprob or ())
             except Exception as e:  # noqa: BLE001
-                ended.append((job, e))
+                ended.append((job, _bare(e)))
         mx.async_eval(work)
         failed = {id(j) for j, _ in ended}
         for job in decoding:
@@ -76,7 +76,7 @@ class Stepper:
             try:
                 reason = self._deliver(job)
             except Exception as e:  # noqa: BLE001
-                ended.append((job, e))
+                ended.append((job, _bare(e)))
                 continue
             if reason is not None:
                 ended.append((job, reason))
@@ -120,7 +120,8 @@ class Stepper:
                 counters["batch_fallbacks"] += 1
                 # Nothing changed, but for a session whose earlier step failed its index
                 # check: rewound, as its own step would leave it, and that is its error.
-                rewound = {id(j): e for j, n in zip(jobs, lengths) if j.session.length != n}
+                rewound = {id(j): _bare(e) for j, n in zip(jobs, lengths)
+                           if j.session.length != n}
         counters["decode_steps"] += len(jobs) - len(rewound)
         counters["decode_rows"] += len(jobs) - len(rewound)
         done = []
@@ -132,7 +133,7 @@ class Stepper:
             try:
                 done.append((job, job.session.step(job.y.reshape(1, 1), [start])[:, -1, :]))
             except Exception as e:  # noqa: BLE001
-                done.append((job, e))
+                done.append((job, _bare(e)))
         return done
 
     def _sample(self, job, tokens):
@@ -181,6 +182,13 @@ class Stepper:
         if tail:
             job.post(("token", tail, None, None))
         return reason
+
+
+def _bare(e: Exception) -> Exception:
+    """``e`` without its traceback: kept in a list of this round, its frames (and the
+    round's arrays they hold) would be a reference cycle, freed only by the collector."""
+    e.__traceback__ = None
+    return e
 
 
 def _logprob(lp):
