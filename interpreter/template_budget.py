@@ -8,7 +8,7 @@ conversation is not refused for being long. Every operation that could build or 
 is estimated first and refused when its estimate passes what is left, so no single step
 of a render allocates past the budget or runs long in C; the deadline is checked between
 steps. The values' sizes are logical: an item shared twice counts twice (what a
-comparison, ``str()`` or ``tojson`` would walk). docs/architecture.md#chat-templates.
+comparison, ``str()`` or ``tojson`` would walk). docs/architecture.md#chat-templates-and-tokenizers.
 """
 
 import time
