@@ -73,7 +73,17 @@ def malformed_requests(n: int, seed: int = 0) -> list:
     ]
     out = []
     while len(out) < n:
-        kind = rng.randrange(6)
+        kind = rng.randrange(7)
+        if kind == 6:  # a lone UTF-16 surrogate, escaped in the JSON, in some string field
+            lone = rng.choice(["\ud800", "a\udfff", "\ud83d!"])
+            chat = {**GOOD_CHAT, "messages": [{"role": "user", "content": lone}]}
+            out.append(rng.choice([
+                ("/v1/completions", json.dumps({**GOOD, "prompt": lone}).encode()),
+                ("/v1/completions", json.dumps({**GOOD, "stop": [lone]}).encode()),
+                ("/v1/completions", json.dumps({**GOOD, "model": lone}).encode()),
+                ("/v1/completions", json.dumps({**GOOD, lone: 1}).encode()),
+                ("/v1/chat/completions", json.dumps(chat).encode())]))
+            continue
         if kind < 4:
             out.append(("/v1/completions", makers[kind]()))
         elif kind == 4:

@@ -181,6 +181,7 @@ def _run(args, blas) -> int:
 
     from mlxgraph.interpreter.errors import GraphRuntimeError, PipelineError, SessionError
     from mlxgraph.interpreter.kv_cache import CacheError
+    from mlxgraph.interpreter.tokenizer import TokenizerError
     from mlxgraph.tools.generation import GenerationStats
     from mlxgraph.tools.text_generation import stream_generate
 
@@ -238,7 +239,7 @@ def _run(args, blas) -> int:
         if not quiet or isinstance(e, PipelineError):  # rank 0 reports what every rank agreed
             print(printable(f"mlxgraph: generate: {e}"), file=sys.stderr)
         return 3
-    except ToolError as e:  # the prompt cache could not be written
+    except (ToolError, TokenizerError) as e:  # the prompt cache, or a token's text
         if not args.json:
             out.write("\n")
         return fail(f"generate: {e}")

@@ -27,9 +27,9 @@ from mlxgraph.tools.serve.openai_requests import (
     RequestError,
     parse_chat,
     parse_completion,
-    parse_json,
 )
 from mlxgraph.tools.serve.openai_responses import ResponseBuilder
+from mlxgraph.tools.serve.request_json import parse_json
 
 MAX_BODY_BYTES = 8 << 20
 RETRY_AFTER_SECONDS = 1
