@@ -45,8 +45,9 @@ def _refuse_surrogates(doc) -> None:
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError as e:
+                param = field if field is None or field.isascii() else repr(field)[1:-1]
                 raise RequestError(f"the request has a lone UTF-16 surrogate "
-                                   f"({value[e.start]!r}), which is not text", field) from None
+                                   f"({value[e.start]!r}), which is not text", param) from None
 
 
 __all__ = ["parse_json"]
