@@ -172,6 +172,27 @@ def test_cache_commands_refuse_damaged_files(capsys, graphs, tmp_path):
     assert code == 2 and "cannot read" in err
 
 
+def test_prompt_cache_refuses_a_crafted_file_in_one_line_and_keeps_it(capsys, graphs, tmp_path):
+    """Sealed with mlxgraph's own writer (the seal is no secret): a header field of the
+    wrong type, a tensor that does not fit the graph's cache, a sparse 40 GB claim. Exit 2
+    with one line, the file never overwritten, nothing of its claimed size allocated."""
+    from hostile_caches import corpus
+
+    good, _ = saved(graphs["a"], tmp_path, "good", PROMPT[:5], capacity=128, max_step=512)
+    names = ("layer batch='1'", "tensor heads doubled", "sparse 40 GB tensor",
+             "policy.windows={'1_0': 2}")
+    cases = [(n, p) for n, p in corpus(good, tmp_path) if n in names]
+    assert len(cases) == len(names)
+    for name, path in cases:
+        before = path.stat()
+        code, out, err = run_cli(capsys, "generate", graphs["a"], "--prompt-ids",
+                                 ",".join(map(str, PROMPT)), "--max-tokens", 2,
+                                 "--prompt-cache", path)
+        assert code == 2 and out == "" and len(err.splitlines()) == 1, (name, err)
+        assert "--prompt-cache" in err and str(path) in err, (name, err)
+        after = path.stat()
+        assert (after.st_mtime_ns, after.st_size) == (before.st_mtime_ns, before.st_size)
+
 def test_diff_counts_nan_in_both_as_equal_and_in_one_as_infinite():
     from mlxgraph.tools.cache_view import _position_diff
 
