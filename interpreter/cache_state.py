@@ -130,9 +130,9 @@ class StoreState(ForksOnCopy):
             "window": self.window,
             "modulus": self._slots,
         }
-        if self._keys is None:
-            return info, {}
         n = self._live_slots()
+        if self._keys is None or n == 0:  # (a flat store trimmed to 0 keeps its buffer)
+            return info, {}
         info["slots"] = n
         arrays = {}
         for name, buf in (("keys", self._keys), ("values", self._values)):

@@ -101,3 +101,16 @@ def test_hostile_cache_corpus_is_refused_by_every_reader(tmp_path):
     assert total["cases"] > 500 and total["tally"]["all refused"] > 450
     assert total["slowest"][0] < 10, total["slowest"]
     assert total["max_rss"] < 1 << 30
+
+
+def test_a_session_trimmed_to_nothing_saves_a_file_it_restores(tiny, tmp_path):
+    """A flat store trimmed to 0 keeps its buffer: its snapshot holds no slots and no
+    tensors (found by the two-thread race, which saved such a file and could not restore it)."""
+    path, program, _ = tiny
+    session = program.session(capacity=32, max_step=4)
+    mx.eval(session.step([[1, 2]], range(2)))
+    session.trim(2)
+    session.save(tmp_path / "empty.safetensors")
+    again = program.restore(tmp_path / "empty.safetensors")
+    assert again.length == 0
+    mx.eval(again.step([[3]], [0]))
