@@ -75,7 +75,10 @@ def main(argv=None) -> int:
         "Peers run as their users run them (default settings, every core); the machine's "
         "load average at the start and the end of each run is in its table: a loaded "
         "machine is reported, never compensated. Only ratios within one table mean much on "
-        "a shared VM.\n\n" + "\n".join(sections))
+        "a shared VM, and load does not slow every engine alike: llama.cpp's and torch's "
+        "spinning threads lose the most on a busy machine (llama.cpp's decode fell ~15x in "
+        "one such run), so a table at load average 3-6 flatters mlxgraph against them; "
+        "prefer a run at load below 1.\n\n" + "\n".join(sections))
     print(f"figures: wrote {args.out}", file=sys.stderr)
     return 0
 
