@@ -76,8 +76,8 @@ def main(argv=None) -> int:
         "load average at the start and the end of each run is in its table: a loaded "
         "machine is reported, never compensated. Only ratios within one table mean much on "
         "a shared VM, and load does not slow every engine alike: llama.cpp's and torch's "
-        "spinning threads lose the most on a busy machine (llama.cpp's decode fell ~15x in "
-        "one such run), so a table at load average 3-6 flatters mlxgraph against them; "
+        "spinning threads lose the most on a busy machine (llama.cpp decoded 6-9x slower at "
+        "load 5 than on a quiet machine, stop 25), so a table at load average 3-6 flatters mlxgraph against them; "
         "prefer a run at load below 1.\n\n" + "\n".join(sections))
     print(f"figures: wrote {args.out}", file=sys.stderr)
     return 0
