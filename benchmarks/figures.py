@@ -77,8 +77,8 @@ def main(argv=None) -> int:
         "machine is reported, never compensated. Only ratios within one table mean much on "
         "a shared VM, and load does not slow every engine alike: llama.cpp's and torch's "
         "spinning threads lose the most on a busy machine (llama.cpp decoded 6-9x slower at "
-        "load 5 than on a quiet machine, stop 25), so a table at load average 3-6 flatters mlxgraph against them; "
-        "prefer a run at load below 1.\n\n" + "\n".join(sections))
+        "load 5 than on a quiet machine, stop 25), so a table at load average 3-6 flatters "
+        "mlxgraph against them; prefer a run at load below 1.\n\n" + "\n".join(sections))
     print(f"figures: wrote {args.out}", file=sys.stderr)
     return 0
 
