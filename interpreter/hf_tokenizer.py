@@ -63,7 +63,7 @@ class HFTokenizer:
     def __init__(self, files: dict, origin: str):
         from tokenizers import Tokenizer
 
-        self.name = origin
+        self.name, self.files = origin, dict(files)
         if "tokenizer.json" not in files:
             raise TokenizerError(f"{origin} tokenizer: no tokenizer.json")
         try:

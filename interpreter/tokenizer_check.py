@@ -195,7 +195,10 @@ def _processor(node, kind, where) -> int:
 def _decoder(node, kind, where) -> int:
     if kind in _DECODERS:
         return _DECODERS[kind]
-    if kind == "Replace":
+    if kind == "Replace":  # a regex here would run on every token decoded, unkillable
+        if _pattern(node, where)[1]:
+            raise TokenizerCheckError(f"tokenizer.json {where}: a Regex pattern in a "
+                                      "decoder (a String one only)")
         return _replace(node, where, per_token=True)
     if kind == "BPEDecoder":  # an empty suffix is replaced between every two characters
         return 1 if node.get("suffix", "</w>") else 2

@@ -109,6 +109,9 @@ CASES = {  # name -> (mutation of the base document, or raw text)
     "added token empty": _set(["added_tokens"], [{"id": 1, "content": "", "special": True}]),
     "regex backtracking": _set(["pre_tokenizer"], {"type": "Split", "pattern": {
         "Regex": "(a|a)+$"}, "behavior": "Isolated", "invert": False}),
+    "regex slow": _set(["pre_tokenizer"], {"type": "Split", "pattern": {
+        "Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False}),
+    "decoder regex": _set(["decoder"], _replace("x", regex=True, pattern="a")),
     "model unknown": _set(["model", "type"], "Mystery"),
     "not JSON": "{not json",
     "a JSON list": "[1, 2]",

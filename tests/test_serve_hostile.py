@@ -117,3 +117,24 @@ def test_clients_that_go_away_are_one_log_line_each(graph):
     text = "".join(server.log)
     assert "went away before its request was read" in text and "cancelled" in text, text
     assert "Traceback" not in text and "socket.send()" not in text, text
+
+
+def test_a_slow_tokenizer_regex_costs_one_request_not_the_server(tmp_path):
+    # Oniguruma stops an exponential regex, not a slow one: (a+)+$ takes 0.2 s on each run
+    # of 22 'a'. The worker process running it is killed at the deadline.
+    from hostile_tokenizers import document
+    from tool_helpers import synthetic_graph
+
+    graph = synthetic_graph(tmp_path / "slow.mlxg", tokenizer="embedded", vocab=300,
+                            files={"tokenizer.json": document("regex slow")})
+    with running_server(graph, "--tokenize-timeout", TIMEOUT) as server:
+        slow = {"prompt": ("a" * 22 + "!") * 200, "max_tokens": 2}
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda _: httpx.post(
+                f"{server.url}/v1/completions", json=slow, timeout=60), range(6)))
+        for r in answers:
+            assert r.status_code in (400, 503) and "error" in r.json(), r.text
+        assert any("took more than" in r.json()["error"]["message"] for r in answers)
+        r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hello", "max_tokens": 2},
+                       timeout=60)
+        assert r.status_code == 200, r.text

@@ -12,7 +12,6 @@ import asyncio
 import json
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -20,8 +19,6 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from mlxgraph.interpreter.chat_template import TemplateLimits
-from mlxgraph.interpreter.tokenizer import TokenizerError
 from mlxgraph.tools.serve.job import Job
 from mlxgraph.tools.serve.openai_requests import (
     RequestError,
@@ -30,10 +27,10 @@ from mlxgraph.tools.serve.openai_requests import (
 )
 from mlxgraph.tools.serve.openai_responses import ResponseBuilder
 from mlxgraph.tools.serve.request_json import parse_json
+from mlxgraph.tools.serve.request_tokens import RequestTokens
 
 MAX_BODY_BYTES = 8 << 20
 RETRY_AFTER_SECONDS = 1
-TOKENIZE_THREADS = 4  # requests rendered and tokenized at once; more wait for a thread
 log = logging.getLogger("mlxgraph.serve")
 
 
@@ -57,41 +54,6 @@ async def read_body(request) -> bytes:
     return b"".join(chunks)
 
 
-def tokenize(info, req, limits=None) -> list:
-    """The prompt's token ids (chat: the chat template applied, under ``limits``).
-
-    Raises:
-        RequestError: 400 for a prompt or conversation the tokenizer or its chat template
-            refuses (a template that fails or passes its limits included).
-    """
-    tok, where = info.tokenizer, "messages" if req.kind == "chat" else "prompt"
-    try:
-        if req.kind == "chat":
-            if tok is None or tok.chat_template is None:
-                raise RequestError("this model's tokenizer has no chat template; "
-                                   "use /v1/completions", "messages")
-            ids = tok.apply_chat_template(req.messages, add_generation_prompt=True,
-                                          limits=limits)
-        elif isinstance(req.prompt, list):
-            ids = req.prompt
-        elif tok is None:
-            raise RequestError("this model carries no tokenizer: send token ids", "prompt")
-        else:
-            ids = tok.encode(req.prompt)
-    except TokenizerError as e:
-        raise RequestError(str(e), where) from None
-    if not ids:
-        raise RequestError("the prompt encodes to no tokens", where)
-    bad = [t for t in ids if not 0 <= t < info.vocab_size]
-    if bad:
-        raise RequestError(f"token id {bad[0]} is outside the vocabulary [0, "
-                           f"{info.vocab_size})", where)
-    if len(ids) > info.capacity:
-        raise RequestError(f"the prompt has {len(ids)} tokens, more than the context of "
-                           f"{info.capacity}", where, code="context_length_exceeded")
-    return ids
-
-
 class Handlers:
     """The routes, over one scheduler.
 
@@ -103,21 +65,7 @@ class Handlers:
         self.scheduler, self.info, self.model_id = scheduler, scheduler.info, model_id
         self.max_tokens = scheduler.options.max_tokens
         self.created = int(time.time())
-        self.tokenize_timeout = float(tokenize_timeout)
-        self.pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="mlxgraph-tokenize")
-
-    async def _tokenize(self, req) -> list:
-        """``tokenize`` on one of the tokenizing threads, within ``tokenize_timeout`` (the
-        template's own deadline; the wait for a thread counts too)."""
-        limits = TemplateLimits(seconds=self.tokenize_timeout)
-        work = asyncio.get_running_loop().run_in_executor(self.pool, tokenize, self.info,
-                                                          req, limits)
-        try:
-            return await asyncio.wait_for(work, self.tokenize_timeout + 1.0)
-        except asyncio.TimeoutError:
-            raise RequestError(f"tokenizing the request took more than "
-                               f"{self.tokenize_timeout:g} s (the server is busy)",
-                               status=503, kind="server_error") from None
+        self.tokens = RequestTokens(scheduler.info, tokenize_timeout)
 
     async def health(self, request):
         return JSONResponse({"status": "ok"})
@@ -153,7 +101,7 @@ class Handlers:
         try:
             doc = parse_json(await read_body(request))
             req = parse_completion(doc) if kind == "completion" else parse_chat(doc)
-            job = self._job(req, await self._tokenize(req))
+            job = self._job(req, await self.tokens.ids(req))
         except RequestError as e:
             return error_response(e)
         except ClientDisconnect:
@@ -290,4 +238,4 @@ def build_app(scheduler, model_id: str, lifespan=None, tokenize_timeout: float =
     return app
 
 
-__all__ = ["build_app", "error_response", "read_body", "tokenize"]
+__all__ = ["build_app", "error_response", "read_body"]

@@ -108,7 +108,7 @@ def serve(scheduler, sock, model_id: str, shutdown_timeout: float = 10.0,
         for s, handler in previous.items():
             signal.signal(s, handler)
         scheduler.close()
-        app.state.handlers.pool.shutdown(wait=False, cancel_futures=True)
+        app.state.handlers.tokens.close()
         sock.close()
     print("mlxgraph serve: stopped", file=sys.stderr, flush=True)
     return _exit_code(received)
