@@ -50,6 +50,7 @@ class TokenizerBounds:
     growth: int
     decode_growth: int
     longest_token: int
+    regex: bool = False  # a pattern of the file's own runs in Oniguruma (time: see tools/)
 
 
 def check_tokenizer_json(text: str) -> tuple[str, TokenizerBounds]:
@@ -87,7 +88,14 @@ def check_tokenizer_json(text: str) -> tuple[str, TokenizerBounds]:
         if g > MAX_GROWTH:
             raise TokenizerCheckError(f"tokenizer.json: {what} can turn one character into "
                                       f"{g:,} (more than {MAX_GROWTH})")
-    return json.dumps(doc), TokenizerBounds(growth, decode, longest)
+    regex = _has_regex(doc.get("normalizer")) or _has_regex(doc.get("pre_tokenizer"))
+    return json.dumps(doc), TokenizerBounds(growth, decode, longest, regex)
+
+
+def _has_regex(node) -> bool:
+    if isinstance(node, dict):
+        return "Regex" in node or any(_has_regex(v) for v in node.values())
+    return isinstance(node, list) and any(_has_regex(v) for v in node)
 
 
 def _component(node, path, rule, depth=0) -> int:

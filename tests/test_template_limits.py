@@ -54,7 +54,7 @@ HOSTILE = {
     "str.join": "{% set x = 'a' * 100000 %}{{ x.join(x)|length }}",
     "indent": "{{ ('\n' * 1000000)|indent(1000000) }}",
     "expandtabs": "{{ ('\t' * 100000).expandtabs(100000) }}",
-    "tojson indent": "{{ ([[[[1]]]] * 100000)|tojson(indent=100000) }}",
+    "tojson indent": "{{ ([[[[1]]]] * 1000)|tojson(indent=100000) }}",
     "wordwrap": "{{ ('a' * 1000000)|wordwrap(1, wrapstring='x' * 1000) }}",
     "sum of lists": "{{ ([[1] * 1000] * 10000)|sum(start=[])|length }}",
     "strftime": "{{ strftime_now('%c' * 1000000) }}",

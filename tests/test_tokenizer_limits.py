@@ -78,3 +78,18 @@ def test_generate_with_a_hostile_embedded_tokenizer_exits_2_in_one_line(tmp_path
     proc = generate_cli(graph, "--prompt", "a" * 40 + "b", "--max-tokens", 2)
     ours = [line for line in proc.stderr.splitlines() if line.startswith("mlxgraph:")]
     assert proc.returncode == 2 and len(ours) == 1 and "tokenizer" in ours[0], proc.stderr
+
+
+def test_generate_ends_a_slow_tokenizer_at_its_deadline(tmp_path):
+    # (a+)+$ runs 0.2 s per run of 22 'a' without reaching Oniguruma's backtracking limit.
+    import time
+
+    files = {"tokenizer.json": document("regex slow")}
+    graph = synthetic_graph(tmp_path / "t.mlxg", tokenizer="embedded", vocab=300, files=files)
+    start = time.monotonic()
+    proc = generate_cli(graph, "--prompt", ("a" * 22 + "!") * 300, "--max-tokens", 2,
+                        env={"MLXGRAPH_TOKENIZER_DEADLINE": "1"})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "took more than 1 s" in lines[0], \
+        proc.stderr
+    assert time.monotonic() - start < 25

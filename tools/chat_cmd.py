@@ -44,7 +44,7 @@ def run(args) -> int:
     from mlxgraph.tools.text_generation import stop_ids
 
     try:
-        program, tokenizer = open_program(args, need_tokenizer=True)
+        program, tokenizer = open_program(args, need_tokenizer=True, deadline=True)
         eos = stop_ids(program, tokenizer, args.extra_eos_token, args.ignore_eos)
         chat = ChatSession(
             program,

@@ -141,7 +141,7 @@ def _prepare(args):
     from mlxgraph.tools.text_generation import has_full_attention, prompt_to_ids, stop_ids
 
     text = args.prompt
-    program, tokenizer = open_program(args, need_tokenizer=text is not None)
+    program, tokenizer = open_program(args, need_tokenizer=text is not None, deadline=True)
     chat = False
     try:
         if text is not None:

@@ -168,8 +168,9 @@ def check_text_options(args) -> None:
             raise ToolError(f"--tokenizer: {args.tokenizer}: not a folder")
 
 
-def open_program(args, need_tokenizer: bool):
-    """(program, tokenizer or None) for the graph and --tokenizer.
+def open_program(args, need_tokenizer: bool, deadline: bool = False):
+    """(program, tokenizer or None) for the graph and --tokenizer; ``deadline``: a command's
+    (tools/command_deadline.py: encode and the chat template in a worker process).
 
     Raises:
         ToolError: the graph cannot be loaded, or the tokenizer when ``need_tokenizer``.
@@ -195,6 +196,10 @@ def open_program(args, need_tokenizer: bool):
             where = "--tokenizer" if args.tokenizer is not None else args.graph
             raise ToolError(f"{where}: {e}") from None
         tokenizer = None
+    if deadline:
+        from mlxgraph.tools.command_deadline import with_deadline
+
+        tokenizer = with_deadline(tokenizer)
     return program, tokenizer
 
 

@@ -4,7 +4,7 @@ the event loop, within a deadline.
 Four threads of their own do it (``TOKENIZE_THREADS``), so a slow request never takes the
 event loop's thread pool; each call must finish within ``--tokenize-timeout`` (waiting for
 a thread included: past it, 503 with ``Retry-After``). A graph's Hugging Face tokenizer
-runs in worker processes, one per thread (tools/serve/tokenize_process.py), killed past the
+runs in worker processes, one per thread (tools/tokenize_process.py), killed past the
 deadline; the chat template renders there under its own deadline (TemplateLimits). No
 MLX here.
 """
@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from mlxgraph.interpreter.chat_template import TemplateLimits
 from mlxgraph.interpreter.tokenizer import TokenizerError
 from mlxgraph.tools.serve.openai_requests import RequestError
-from mlxgraph.tools.serve.tokenize_process import TokenizerPool
+from mlxgraph.tools.tokenize_process import TokenizerPool
 
 TOKENIZE_THREADS = 4  # requests rendered and tokenized at once; more wait for a thread
 

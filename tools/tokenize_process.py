@@ -1,19 +1,21 @@
-"""Tokenizing requests in processes of their own, killed past their deadline.
+"""Tokenizing in a process of its own, killed past its deadline.
 
 The tokenizers library runs a tokenizer's regexes in Oniguruma, whose backtracking limit
 turns an exponential pattern into an error but lets a merely slow one (``(a+)+$`` on runs
 of 22 ``a``: 0.2 s a run) go on for as long as the text is long, and no Python thread can
-stop a call into the library. So ``mlxgraph serve`` renders the chat template and encodes
-the prompt of a graph's Hugging Face tokenizer in worker processes (one per tokenizing
-thread, each under a 4 GiB address-space limit): a request past ``--tokenize-timeout``
-has its process killed (the request gets a 400) and the next request starts a fresh one;
-a process the library crashes is one failed request, not a dead server.
+stop a call into the library (it holds the GIL: not even a timer thread runs meanwhile).
+So a Hugging Face tokenizer's chat template and encode run in a worker process (under a
+4 GiB address-space limit) wherever a deadline matters: ``mlxgraph serve`` has one per
+tokenizing thread, and a request past ``--tokenize-timeout`` has its process killed (a
+400; the next request starts a fresh one); ``generate`` and ``chat`` have one
+(tools/command_deadline.py). A process the library crashes is one failed call, not a dead
+server.
 
 Protocol: one JSON line each way. The parent first sends ``{"files", "origin"}`` and reads
 ``{"ready": true}``; then each request ``{"text"}`` or ``{"messages", "limits"}`` gets
 ``{"ids": [...]}`` or ``{"error": "one line"}``.
 
-    python -m mlxgraph.tools.serve.tokenize_process      (started by TokenizerProcess)
+    python -m mlxgraph.tools.tokenize_process      (started by TokenizerProcess)
 """
 
 import contextlib
@@ -45,6 +47,19 @@ class TokenizerProcess:
     def __init__(self, tokenizer, timeout: float):
         self.name, self.chat_template = tokenizer.name, tokenizer.chat_template
         self._files, self.timeout, self._proc = tokenizer.files, float(timeout), None
+        self._starting = False
+
+    def start(self) -> None:
+        """Start the worker without waiting for it (the first call waits for it to be ready)."""
+        self.close()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "mlxgraph.tools.tokenize_process"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        self._proc.stdin.write(json.dumps({"files": self._files, "origin": self.name}).encode()
+                               + b"\n")
+        self._proc.stdin.flush()
+        self._starting = True
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list:
         """Raises TokenizerError (the tokenizer's own, or past the deadline)."""
@@ -65,29 +80,25 @@ class TokenizerProcess:
 
     def _call(self, request: dict) -> list:
         if self._proc is None or self._proc.poll() is not None:
-            self._start()
+            self.start()
+        if self._starting:
+            reply = self._exchange(None, START_SECONDS)
+            self._starting = False
+            if "error" in reply:
+                raise TokenizerError(reply["error"])
         reply = self._exchange(request, self.timeout)
         if "error" in reply:
             raise TokenizerError(reply["error"])
         return reply["ids"]
 
-    def _start(self) -> None:
-        self.close()
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "mlxgraph.tools.serve.tokenize_process"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-        reply = self._exchange({"files": self._files, "origin": self.name}, START_SECONDS)
-        if "error" in reply:
-            raise TokenizerError(reply["error"])
-
     def _exchange(self, message: dict, timeout: float) -> dict:
-        """Send one line, read one line within ``timeout``; a worker that dies or runs past
-        it is killed and the call raises TokenizerError."""
+        """Send one line (unless None), read one line within ``timeout``; a worker that dies
+        or runs past it is killed and the call raises TokenizerError."""
         proc, deadline = self._proc, time.monotonic() + timeout
         try:
-            proc.stdin.write(json.dumps(message).encode() + b"\n")
-            proc.stdin.flush()
+            if message is not None:  # None: read the reply to what start() sent
+                proc.stdin.write(json.dumps(message).encode() + b"\n")
+                proc.stdin.flush()
             while not select.select([proc.stdout], [], [], max(0.0, deadline -
                                                                 time.monotonic()))[0]:
                 if time.monotonic() >= deadline:
