@@ -6,6 +6,7 @@ within the shutdown timeout even while a template is still running."""
 import concurrent.futures
 import json
 import signal
+import threading
 import time
 
 import httpx
@@ -138,3 +139,30 @@ def test_a_slow_tokenizer_regex_costs_one_request_not_the_server(tmp_path):
         r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hello", "max_tokens": 2},
                        timeout=60)
         assert r.status_code == 200, r.text
+
+
+def test_streams_still_going_at_the_shutdown_timeout_end_with_an_error_event(graph):
+    server = start_server(graph, "--shutdown-timeout", 1, "--max-tokens", 240)
+    body = {"prompt": "Once", "max_tokens": 240, "stream": True, "ignore_eos": True}
+    started = threading.Barrier(9)
+
+    def stream():
+        lines = []
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+            for i, line in enumerate(r.iter_lines()):
+                if i == 0:
+                    started.wait(30)
+                if line:
+                    lines.append(line)
+        return lines
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        streams = [pool.submit(stream) for _ in range(8)]
+        started.wait(30)  # every stream has its first token
+        code = server.stop(signal.SIGTERM, timeout=30)
+        ends = [f.result() for f in streams]
+    assert code == 0
+    assert all(lines[-1] == "data: [DONE]" for lines in ends if lines)
+    cut = [lines for lines in ends if any("shutting down" in x for x in lines)]
+    assert cut, "no stream was still going at the timeout"
+    assert all(json.loads(lines[-2][6:])["error"]["type"] == "server_error" for lines in cut)
