@@ -4,7 +4,7 @@ int64 when every number is an integer, float32 otherwise (bool for a bool fill).
 import mlx.core as mx
 
 from mlxgraph.interpreter.kernels import register
-from mlxgraph.interpreter.kernels.symbolic import static_int
+from mlxgraph.interpreter.kernels.symbolic import static_int, static_ints
 
 
 def _host_number(v, op: str, what: str):
@@ -45,7 +45,7 @@ def full(shape, value=0, dtype=None):
     Raises:
         TypeError: a size is a tensor or not an int.
     """
-    sizes = [static_int(s, "Full", f"shape[{i}]") for i, s in enumerate(shape)]
+    sizes = static_ints(shape, "Full", "shape")
     if dtype is None:
         dtype = (
             mx.bool_

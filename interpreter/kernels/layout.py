@@ -8,7 +8,7 @@ or literals. A tensor there would need an evaluation, so it is rejected.
 import mlx.core as mx
 
 from mlxgraph.interpreter.kernels import register
-from mlxgraph.interpreter.kernels.symbolic import static_int
+from mlxgraph.interpreter.kernels.symbolic import static_int, static_ints
 
 
 def _axis(axis: int, ndim: int, op: str) -> int:
@@ -21,7 +21,7 @@ def _axis(axis: int, ndim: int, op: str) -> int:
 @register("Reshape")
 def reshape(x, shape):
     """x viewed as ``shape`` (one entry may be -1)."""
-    return mx.reshape(x, [static_int(s, "Reshape", f"shape[{i}]") for i, s in enumerate(shape)])
+    return mx.reshape(x, static_ints(shape, "Reshape", "shape"))
 
 
 @register("Permute")
@@ -37,7 +37,7 @@ def expand(x, shape):
     Raises:
         ValueError: shape has fewer axes than x, or -1 on a new leading axis.
     """
-    sizes = [static_int(s, "Expand", f"shape[{i}]") for i, s in enumerate(shape)]
+    sizes = static_ints(shape, "Expand", "shape")
     lead = len(sizes) - x.ndim
     if lead < 0:
         raise ValueError(f"Expand: shape {sizes} has fewer axes than x {tuple(x.shape)}")

@@ -24,8 +24,9 @@ def addmm(bias, a, b, alpha=1.0, beta=1.0):
 @register("Linear")
 def linear(x, weight, bias=None):
     """x @ weight.T (+ bias); weight is [out_features, in_features] as torch stores it."""
-    native = native_kernel()
-    if mx.default_device() == mx.cpu and half_eligible(native, x, weight):
+    # float32 (the common CPU case) skips the half-kernel checks below at once.
+    native = None if x.dtype == mx.float32 else native_kernel()
+    if native is not None and mx.default_device() == mx.cpu and half_eligible(native, x, weight):
         # MLX's CPU product in half precision is a plain loop (~25-50x float32's BLAS here):
         # decode-sized steps take the native kernel (float32 sums, rounded once at the end).
         y = native.half_fn(x, weight)
