@@ -19,12 +19,12 @@ It runs on a CPU-only machine too (``--size tiny``), which is how the test suite
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from generate_bench import ENGINE_DIR, ROOT, _prompt
+from generate_bench import _run as run_checked
 from generate_figures import COMMON, SIZES, agreement, bytes_per_token
 
 GPU_SIZES = {
@@ -41,11 +41,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 def _run(cmd, what: str) -> str:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
-        raise SystemExit(f"gpu_bench: {what} failed (exit {proc.returncode})")
-    return proc.stdout
+    return run_checked(cmd, env=env, what=what)
 
 
 def _result(out: str) -> dict:

@@ -86,14 +86,11 @@ def _mlxgraph(args):
 
 
 def _mlx_lm(args):
-    import os
     from pathlib import Path
 
-    blas = "MLX's own (as installed)"  # as its users run it; BENCH_PRELOAD_BLAS=1: ours
-    if os.environ.get("BENCH_PRELOAD_BLAS") == "1":
-        from mlxgraph.interpreter.blas import preload_blas
+    from common import mlx_lm_blas
 
-        blas = preload_blas().describe()
+    blas = mlx_lm_blas()
     import mlx.core as mx
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.utils import load_model

@@ -10,6 +10,7 @@ reported, with the median alongside.
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -84,6 +85,17 @@ def summarise(figs: list, tokens: list, rss: int) -> dict:
         "runs_agree": all(t == tokens[0] for t in tokens),
         "peak_rss_bytes": rss,
     }
+
+
+def mlx_lm_blas() -> str:
+    """Before mlx-lm imports mlx: the BLAS its products will run on, as its users run it
+    (MLX's own), or mlxgraph's preloaded OpenBLAS when ``BENCH_PRELOAD_BLAS=1`` (the
+    labelled extra row)."""
+    if os.environ.get("BENCH_PRELOAD_BLAS") != "1":
+        return "MLX's own (as installed)"
+    from mlxgraph.interpreter.blas import preload_blas
+
+    return preload_blas().describe()
 
 
 def emit(doc: dict) -> None:

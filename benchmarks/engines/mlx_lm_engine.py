@@ -9,21 +9,16 @@ mlxgraph's preloaded OpenBLAS under MLX, as ``mlxgraph.load()`` does for itself.
 at EOS by itself).
 """
 
-import os
 import sys
 from pathlib import Path
 
-from common import emit, parse_args, run_all
+from common import emit, mlx_lm_blas, parse_args, run_all
 
 
 def main() -> int:
     """Run the benchmark and print the result line."""
     args = parse_args()
-    blas = "MLX's own (as installed)"
-    if os.environ.get("BENCH_PRELOAD_BLAS") == "1":
-        from mlxgraph.interpreter.blas import preload_blas
-
-        blas = preload_blas().describe()
+    blas = mlx_lm_blas()
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.generate import generate_step
