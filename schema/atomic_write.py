@@ -5,8 +5,11 @@ random name) in the target's own folder, are flushed to disk, and the temporary 
 renamed over the target. A symlink planted anywhere is never followed; a target that is
 not a regular file (folder, device, FIFO, symlink) is refused rather than replaced; any
 failure (a full disk, a file size limit, an interrupt) removes the temporary file and
-leaves the old target untouched. SIGINT and SIGTERM are held back only while the temporary
-file is created, so that no interrupt can fall between its creation and its cleanup.
+leaves the old target untouched. Python's SIGINT and SIGTERM handlers are deferred while the
+temporary file is created, so that no interrupt can fall between its creation and the
+record its cleanup needs. (Blocking the signals on this thread is not enough: the process
+has other threads, MLX's and BLAS's, and the kernel may hand the signal to one of them,
+whose C handler still makes the main thread raise between two bytecodes.)
 Used by every file mlxgraph writes: graph files (schema/writer.py) and cache files
 (interpreter/safetensors_io.py).
 """
@@ -16,6 +19,7 @@ import os
 import secrets
 import signal
 import stat
+import threading
 from pathlib import Path
 
 _CREATE = (
@@ -83,10 +87,10 @@ def write_atomically(path, fill, check=None) -> None:
 
 def _create(path: Path, made: dict) -> None:
     """Create the temporary file; ``made`` gets its name and descriptor before an interrupt
-    (SIGINT, SIGTERM: held back meanwhile on this thread) can be raised."""
+    (SIGINT, SIGTERM: their Python handlers deferred meanwhile) can be raised."""
     umask = os.umask(0)
     os.umask(umask)
-    with _interrupts_held():
+    with _interrupts_deferred():
         for _ in range(100):
             tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.partial")
             try:
@@ -117,16 +121,41 @@ def _clean(made: dict) -> None:
             continue
 
 
-class _interrupts_held:
-    """Hold SIGINT and SIGTERM back on this thread (they are delivered on leaving)."""
+class _interrupts_deferred:
+    """Defer the Python handlers of SIGINT and SIGTERM: a signal that arrives inside the
+    block is recorded and handed to the handler on leaving it.
 
-    _SIGNALS = {signal.SIGINT, signal.SIGTERM}
+    Python runs signal handlers only on the main thread, so elsewhere there is nothing
+    to defer. A signal left at its OS default (SIG_DFL, SIG_IGN) is left alone: with no
+    Python handler no cleanup could run anyway.
+    """
+
+    _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __enter__(self):
-        self.old = signal.pthread_sigmask(signal.SIG_BLOCK, self._SIGNALS)
+        self.old, self.pending = {}, []
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        try:
+            for sig in self._SIGNALS:
+                if callable(signal.getsignal(sig)):
+                    self.old[sig] = signal.signal(sig, self._record)
+        except BaseException:  # an interrupt while swapping: put every handler back
+            self._restore()
+            raise
+        return self
+
+    def _record(self, signum, frame):
+        self.pending.append((signum, frame))
+
+    def _restore(self):
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
 
     def __exit__(self, *exc):
-        signal.pthread_sigmask(signal.SIG_SETMASK, self.old)
+        self._restore()
+        for signum, frame in self.pending:
+            self.old[signum](signum, frame)  # KeyboardInterrupt, as it would have been
         return False
 
 
