@@ -24,7 +24,7 @@ from pathlib import Path
 from setuptools import Extension, setup
 
 ROUTER = Extension(
-    "mlxgraph.interpreter._blas_router",
+    "mlxgraph.interpreter.native._blas_router",
     sources=["interpreter/native/blas_router.c", "interpreter/native/small_gemm.c",
              "interpreter/native/tile_gemm.c", "interpreter/native/pool.c"],
     depends=["interpreter/native/small_gemm.h", "interpreter/native/tile_gemm.h",
@@ -68,7 +68,7 @@ def mlx_primitives() -> list:
     if not mlx_include.is_dir():
         return []
     return [Extension(
-        f"mlxgraph.interpreter._{name}",
+        f"mlxgraph.interpreter.native._{name}",
         sources=[f"interpreter/native/{name}.cpp", *SOURCES.get(name, []),
                  str(nb / "src" / "nb_combined.cpp")],
         depends=["interpreter/native/simd_name.h", *HEADERS.get(name, [])],

@@ -13,22 +13,22 @@ _LAZY = {
     "GraphFormatError": "mlxgraph.schema.errors",
     "SessionError": "mlxgraph.interpreter.errors",
     "GraphRuntimeError": "mlxgraph.interpreter.errors",
-    "CacheError": "mlxgraph.interpreter.kv_cache",
+    "CacheError": "mlxgraph.interpreter.cache.kv_cache",
     "CacheFileError": "mlxgraph.interpreter.errors",
     "PipelineError": "mlxgraph.interpreter.errors",
     "Program": "mlxgraph.interpreter.program",
-    "Session": "mlxgraph.interpreter.session",
-    "BlasError": "mlxgraph.interpreter.blas",
-    "BlasInfo": "mlxgraph.interpreter.blas",
-    "BlasPreloadWarning": "mlxgraph.interpreter.blas",
-    "blas_in_use": "mlxgraph.interpreter.blas",
-    "preload_blas": "mlxgraph.interpreter.blas",
-    "TokenizerError": "mlxgraph.interpreter.tokenizer",
+    "Session": "mlxgraph.interpreter.session.session",
+    "BlasError": "mlxgraph.interpreter.native.blas",
+    "BlasInfo": "mlxgraph.interpreter.native.blas",
+    "BlasPreloadWarning": "mlxgraph.interpreter.native.blas",
+    "blas_in_use": "mlxgraph.interpreter.native.blas",
+    "preload_blas": "mlxgraph.interpreter.native.blas",
+    "TokenizerError": "mlxgraph.interpreter.text.tokenizer",
     # Text in, text out (import mlx on first use).
-    "generate": "mlxgraph.tools.text_generation",
-    "stream_generate": "mlxgraph.tools.text_generation",
-    "GenerationResult": "mlxgraph.tools.text_generation",
-    "ChatSession": "mlxgraph.tools.chat_session",
+    "generate": "mlxgraph.generation.text",
+    "stream_generate": "mlxgraph.generation.text",
+    "GenerationResult": "mlxgraph.generation.text",
+    "ChatSession": "mlxgraph.generation.chat_session",
 }
 
 
@@ -56,7 +56,7 @@ def load(path, element_limit=None, compute_dtype=None, pipeline=None, pipeline_t
         mlxgraph.PipelineError: the pipeline's ranks cannot connect.
         ValueError: an unsupported ``compute_dtype``, ``pipeline`` or timeout.
     """
-    from mlxgraph.interpreter.blas import ensure_preloaded
+    from mlxgraph.interpreter.native.blas import ensure_preloaded
 
     ensure_preloaded()
     from mlxgraph.interpreter.program import Program

@@ -22,7 +22,7 @@ import time
 import mlx.core as mx
 
 from mlxgraph.interpreter.attention import attend
-from mlxgraph.interpreter.kv_cache import CachePolicy, make_store
+from mlxgraph.interpreter.cache.kv_cache import CachePolicy, make_store
 from mlxgraph.schema.format import format_version
 from mlxgraph.schema.records import LayerCacheInfo
 from mlxgraph.tools.output import json_header_for

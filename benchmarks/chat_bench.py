@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mlxgraph.interpreter.blas import preload_blas
+from mlxgraph.interpreter.native.blas import preload_blas
 
 TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}"

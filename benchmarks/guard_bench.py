@@ -4,7 +4,7 @@
 
 A Llama-shaped graph (the `tiny` size of benchmarks/generate_bench.py: hidden 256, 4 layers,
 vocab 32000, seeded random weights, built with tests/synthetic_graphs.py) generates greedily
-through the same pipelined loop as `mlxgraph generate` (tools/generation.py), where each
+through the same pipelined loop as `mlxgraph generate` (generation/loop.py), where each
 step's token ids are the previous step's lazy sampler output. Two variants alternate run
 by run: ``checked`` is mlxgraph as it is (a lazy token id is clamped into the vocabulary
 and flagged, the flag poisons the logits and is read back two steps later; every output's
@@ -23,15 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from mlxgraph.interpreter.blas import preload_blas
+from mlxgraph.interpreter.native.blas import preload_blas
 
 BLAS = preload_blas()  # as `mlxgraph generate` does, before mlx is imported
 
 import mlx.core as mx  # noqa: E402
 
 import mlxgraph  # noqa: E402
-from mlxgraph.interpreter import session as session_module  # noqa: E402
-from mlxgraph.tools.generation import GenerationStats, generate  # noqa: E402
+from mlxgraph.generation.loop import GenerationStats, generate  # noqa: E402
+from mlxgraph.interpreter.session import session as session_module  # noqa: E402
 from mlxgraph.tools.output import json_header_for  # noqa: E402
 
 # The synthetic builder is test support (tests/synthetic_graphs.py), not the package.

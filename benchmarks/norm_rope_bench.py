@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     import mlxgraph
 
     mlxgraph.preload_blas()
-    from mlxgraph.interpreter import native_activations
+    from mlxgraph.interpreter.native import activations as native_activations
 
     if native_activations.native_module() is None:
         raise SystemExit("norm_rope_bench: the native kernels are not built (or switched off)")

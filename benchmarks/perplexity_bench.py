@@ -104,7 +104,7 @@ def transformers_nll(folder: Path, wins) -> tuple[list[float], float]:
 
 def worker(graph: str, windows_file: str, options: str) -> int:
     """Child process: print the summed NLL per window and the seconds, as JSON."""
-    from mlxgraph.interpreter.blas import preload_blas
+    from mlxgraph.interpreter.native.blas import preload_blas
 
     preload_blas()  # before mlx is imported
     import mlxgraph

@@ -58,12 +58,12 @@ def _best_ms(fn, mx, repeats=5, inner=20) -> float:
 
 def matvec_worker() -> dict:
     """Child process: the products of part 1."""
-    from mlxgraph.interpreter.blas import preload_blas
+    from mlxgraph.interpreter.native.blas import preload_blas
 
     preload_blas()
     import mlx.core as mx
 
-    from mlxgraph.interpreter.quantized_native import native_kernel
+    from mlxgraph.interpreter.native.quantized import native_kernel
 
     native = native_kernel()
     w = mx.random.normal((W_ROWS, COLS), key=mx.random.key(0)) * 0.02
@@ -78,7 +78,7 @@ def matvec_worker() -> dict:
                 x, q, s, b, transpose=True, group_size=GROUP, bits=bits), mx)
         if native.fn is None:
             continue
-        import mlxgraph.interpreter._quantized_matvec as ext
+        import mlxgraph.interpreter.native._quantized_matvec as ext
 
         for threads in (1, 2):
             ext.set_threads(threads)

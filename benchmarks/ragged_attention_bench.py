@@ -23,7 +23,7 @@ import mlx.core as mx  # noqa: E402  (after the BLAS preload)
 import numpy as np  # noqa: E402
 
 from mlxgraph.interpreter.attention import attend  # noqa: E402
-from mlxgraph.interpreter.kv_cache import CachePolicy, make_store  # noqa: E402
+from mlxgraph.interpreter.cache.kv_cache import CachePolicy, make_store  # noqa: E402
 from mlxgraph.schema.records import LayerCacheInfo  # noqa: E402
 
 HQ, HKV, D = 32, 8, 32

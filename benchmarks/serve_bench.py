@@ -34,7 +34,7 @@ from serve_load import run_load, stream_once, words_prompt
 
 ROOT = Path(__file__).resolve().parent.parent
 MLX_LM_LAUNCH = (
-    "import sys; from mlxgraph.interpreter.blas import preload_blas; preload_blas(); "
+    "import sys; from mlxgraph.interpreter.native.blas import preload_blas; preload_blas(); "
     "from mlx_lm.server import main; sys.argv = ['mlx_lm.server', *sys.argv[1:]]; main()"
 )
 

@@ -193,7 +193,7 @@ def main(argv=None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     graph = prepare(log)
-    from mlxgraph.interpreter.blas import preload_blas
+    from mlxgraph.interpreter.native.blas import preload_blas
 
     blas = preload_blas()
     import mlxgraph

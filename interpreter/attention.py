@@ -5,7 +5,7 @@ each one are grouped, so K/V are never repeated. Two paths:
 
 - explicit (:func:`_attend_explicit`): float32 scores by one matrix product per K/V head,
   the softmax, then one product with V. Float32 attention on the CPU takes it with the
-  native masked softmax (interpreter/native_activations.py): MLX's CPU fused attention
+  native masked softmax (interpreter/native/activations.py): MLX's CPU fused attention
   falls back to its own ops, whose softmax calls the x86-64 wheel's scalar exp (6 of the
   7.6 ms of a 128-token, 16-head causal attention). A softcapped layer takes it too
   (``tanh(scores / c) * c`` sits between the product and the softmax), with MLX's softmax
@@ -20,8 +20,8 @@ import math
 
 import mlx.core as mx
 
-from mlxgraph.interpreter.cache_layout import Mask
-from mlxgraph.interpreter.native_activations import native_for
+from mlxgraph.interpreter.cache.layout import Mask
+from mlxgraph.interpreter.native.activations import native_for
 
 
 def attend(q: mx.array, keys: mx.array, values: mx.array, mask: Mask, scale: float,

@@ -7,9 +7,9 @@ their inputs, then call :func:`run_nodes`; what differs between them is the step
 
 import mlx.core as mx
 
+from mlxgraph.interpreter.cache.kv_cache import CacheError
 from mlxgraph.interpreter.errors import GraphRuntimeError
 from mlxgraph.interpreter.index_guard import check_output, guard_node_indices
-from mlxgraph.interpreter.kv_cache import CacheError
 from mlxgraph.interpreter.straight_line import compile_nodes
 from mlxgraph.schema.spec import FieldKind, op_spec
 

@@ -20,7 +20,7 @@ from mlxgraph.interpreter.load_options import (
 from mlxgraph.interpreter.mlx_dtypes import HALF_DTYPES, dtype_name, to_mx_dtype, widened
 from mlxgraph.interpreter.node_plan import ResolvedNode, resolve_node
 from mlxgraph.interpreter.node_runner import compile_program_nodes, last_row_head
-from mlxgraph.interpreter.session import Session
+from mlxgraph.interpreter.session.session import Session
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.reader import open_graph
 from mlxgraph.schema.spec import FieldKind
@@ -51,7 +51,7 @@ class Program:
         self.outputs = graph.outputs
         self.device_plan = device_plan      # "cpu" or "gpu": the kernels' variants chosen
         self.stage = stage                  # this rank's StagePlan in a pipeline, else None
-        self.link = link                    # its PipelineLink (interpreter/pipeline_link.py)
+        self.link = link                    # its PipelineLink (interpreter/pipeline/link.py)
         # The node computing the output row by row (the LM head), or None (node_runner.py).
         self.last_row_head = last_row_head(nodes, graph.outputs)
         # The common step's code: every node written out once (straight_line.py).
@@ -95,8 +95,8 @@ class Program:
             nodes = [resolve_node(i, r, tensor_dtypes, graph.path, widen, plan)
                      for i, r in enumerate(graph.nodes)]
             if pipeline is not None:
-                from mlxgraph.interpreter.pipeline_link import connect
-                from mlxgraph.interpreter.pipeline_plan import plan_stages
+                from mlxgraph.interpreter.pipeline.link import connect
+                from mlxgraph.interpreter.pipeline.plan import plan_stages
 
                 link = connect(pipeline, pipeline_timeout)
                 stage = plan_stages(graph, nodes, link.size)[link.rank]
@@ -150,7 +150,7 @@ class Program:
         Raises:
             CacheFileError: the file is unreadable, truncated, changed, or for another graph.
         """
-        from mlxgraph.interpreter.cache_file import restore
+        from mlxgraph.interpreter.cache.file import restore
 
         return restore(self, path)
 
@@ -158,8 +158,8 @@ class Program:
     def batching(self):
         """Whether sessions of this program may be stepped together (``step_batch``): a
         ``Batching`` whose ``problem`` is None, or one line naming the node that would let
-        one row see another (interpreter/token_rows.py). Worked out once, on first use."""
-        from mlxgraph.interpreter.token_rows import analyse
+        one row see another (interpreter/batching/token_rows.py). Worked out once, on first use."""
+        from mlxgraph.interpreter.batching.token_rows import analyse
 
         return analyse(self)
 
@@ -183,7 +183,7 @@ class Program:
                 reject it), or a graph that cannot batch (``batching.problem``).
             CacheError / GraphRuntimeError: as ``step``. On any error no session changed.
         """
-        from mlxgraph.interpreter.batch_step import step_batch
+        from mlxgraph.interpreter.batching.batch_step import step_batch
 
         return step_batch(self, rows, observer)
 
@@ -191,12 +191,12 @@ class Program:
                 kv_bits=0, kv_group_size=64):
         """Start a session: its own KV stores and value slots over this program's weights.
 
-        Args: as :class:`~mlxgraph.interpreter.session.Session` takes them.
+        Args: as :class:`~mlxgraph.interpreter.session.session.Session` takes them.
         Raises:
             SessionError: a bad override. CacheError: a cache policy a store cannot honour.
         """
         if self.stage is not None:
-            from mlxgraph.interpreter.pipeline_session import PipelineSession
+            from mlxgraph.interpreter.pipeline.session import PipelineSession
 
             return PipelineSession(self, capacity=capacity, kv_dtype=kv_dtype, windows=windows,
                                    preallocate=preallocate, max_step=max_step, kv_bits=kv_bits,
@@ -219,9 +219,10 @@ class Program:
 
         Raises:
             TokenizerError: the graph carries none (export a folder with tokenizer.json, or
-                load one with ``mlxgraph.interpreter.tokenizer.load_tokenizer(meta, folder=DIR)``).
+                load one with ``load_tokenizer(meta, folder=DIR)`` of
+                ``mlxgraph.interpreter.text.tokenizer``).
         """
-        from mlxgraph.interpreter.tokenizer import load_tokenizer
+        from mlxgraph.interpreter.text.tokenizer import load_tokenizer
 
         return load_tokenizer(self.metadata)
 

@@ -11,7 +11,7 @@ record its cleanup needs. (Blocking the signals on this thread is not enough: th
 has other threads, MLX's and BLAS's, and the kernel may hand the signal to one of them,
 whose C handler still makes the main thread raise between two bytecodes.)
 Used by every file mlxgraph writes: graph files (schema/writer.py) and cache files
-(interpreter/safetensors_io.py).
+(interpreter/cache/safetensors_io.py).
 """
 
 import errno

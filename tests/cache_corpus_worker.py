@@ -28,7 +28,7 @@ from hostile_caches import corpus  # noqa: E402
 from synthetic_graphs import llama  # noqa: E402
 from tiny_graph import build_tiny_graph  # noqa: E402
 
-from mlxgraph.interpreter.cache_file import CacheFile  # noqa: E402
+from mlxgraph.interpreter.cache.file import CacheFile  # noqa: E402
 from mlxgraph.interpreter.errors import CacheFileError  # noqa: E402
 from mlxgraph.tools.cache_view import diff_caches, file_view  # noqa: E402
 from mlxgraph.tools.cli import main as cli_main  # noqa: E402

@@ -29,8 +29,8 @@ from test_template_limits import ORDINARY  # noqa: E402
 
 import mlxgraph  # noqa: E402
 from mlxgraph import GraphFormatError  # noqa: E402
-from mlxgraph.interpreter.chat_template import TemplateLimits  # noqa: E402
-from mlxgraph.interpreter.tokenizer import TokenizerError, load_tokenizer  # noqa: E402
+from mlxgraph.interpreter.text.chat_template import TemplateLimits  # noqa: E402
+from mlxgraph.interpreter.text.tokenizer import TokenizerError, load_tokenizer  # noqa: E402
 
 DOCUMENTED = (TokenizerError, GraphFormatError)
 LIMITS = TemplateLimits(seconds=0.2)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxgraph.interpreter.cache_file import SEAL
-from mlxgraph.interpreter.safetensors_io import SafetensorsFile, write
+from mlxgraph.interpreter.cache.file import SEAL
+from mlxgraph.interpreter.cache.safetensors_io import SafetensorsFile, write
 
 # Bytes a sparse file claims: more than the process can allocate (refused from the header
 # by every reader), and a size that fits (restores refuse it against the graph, unread).

@@ -129,8 +129,8 @@ def document(name) -> str:
 
 
 def run_case(name) -> str:
-    from mlxgraph.interpreter.hf_tokenizer import HFTokenizer
-    from mlxgraph.interpreter.tokenizer import TokenizerError
+    from mlxgraph.interpreter.text.hf_tokenizer import HFTokenizer
+    from mlxgraph.interpreter.text.tokenizer import TokenizerError
 
     try:
         tok = HFTokenizer({"tokenizer.json": document(name)}, "hostile")

@@ -10,7 +10,7 @@ import pytest
 from dense_reference import History, dense_attention
 
 from mlxgraph.interpreter.attention import attend
-from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, make_store
+from mlxgraph.interpreter.cache.kv_cache import CacheError, CachePolicy, make_store
 from mlxgraph.schema.records import LayerCacheInfo
 
 ATOL, RTOL = 2e-5, 2e-4
@@ -178,7 +178,7 @@ def run_fork(rng, layers: list[Layer]) -> None:
 def run_save_restore(rng, layers: list[Layer], tmp_path) -> list[Layer]:
     """Snapshot every store through a safetensors file into fresh stores; the restored and
     the uninterrupted stores agree bitwise on the same input. Returns the restored layers."""
-    from mlxgraph.interpreter.safetensors_io import SafetensorsFile, write
+    from mlxgraph.interpreter.cache.safetensors_io import SafetensorsFile, write
 
     tensors, infos, bf16 = {}, [], {}
     for la in layers:

@@ -1,4 +1,4 @@
-"""The token-row analysis (interpreter/token_rows.py) against graphs that pass per-op rules
+"""The token-row analysis (interpreter/batching/token_rows.py) against graphs that pass per-op rules
 at one probe size yet let rows meet: a squeeze that drops a one-token row's token axis, a
 literal size equal to the probe's token count, a gather cutting a table by the step's
 token count, an Addmm bias with one row per probe token. Each is refused with its node;
@@ -12,7 +12,7 @@ import pytest
 from token_mix_graphs import mix_graph
 
 import mlxgraph
-from mlxgraph.interpreter.token_rows import Batching
+from mlxgraph.interpreter.batching.token_rows import Batching
 
 
 def _squeeze_all(g, x, t_val):  # squeezes every size-1 axis: the token axis of a 1-token step

@@ -10,8 +10,8 @@ from tiny_graph import VOCAB, build_tiny_graph
 from token_mix_graphs import mix_graph
 
 import mlxgraph
-from mlxgraph.interpreter.kv_cache import CacheError
-from mlxgraph.interpreter.token_rows import Batching
+from mlxgraph.interpreter.batching.token_rows import Batching
+from mlxgraph.interpreter.cache.kv_cache import CacheError
 
 TOL = 1e-5
 REFUSED = (mlxgraph.SessionError, CacheError)
@@ -264,7 +264,7 @@ def test_per_token_layout_is_accepted_and_exact(tmp_path, middle):
 
 def test_every_op_has_a_batching_rule():
     """A new op must say how it treats tokens (token_rules.py) before graphs with it batch."""
-    from mlxgraph.interpreter.token_rows import RULES
+    from mlxgraph.interpreter.batching.token_rows import RULES
     from mlxgraph.schema.spec import op_specs
 
     missing = sorted(s.short_name for s in op_specs().values() if s.short_name not in RULES)

@@ -1,4 +1,4 @@
-"""The BLAS preload (interpreter/blas.py): choice, env var, graceful fallbacks, and proof
+"""The BLAS preload (interpreter/native/blas.py): choice, env var, graceful fallbacks, and proof
 that MLX's matrix products really bind to the preloaded library and stay correct.
 
 Every check runs in a fresh subprocess: a preload is global to the process and only
@@ -27,7 +27,7 @@ def _py(code: str, env_extra=None, drop=("MLXGRAPH_BLAS",)) -> subprocess.Comple
 
 _REPORT = """
 import json, sys
-import mlxgraph.interpreter.blas as b
+import mlxgraph.interpreter.native.blas as b
 {setup}
 try:
     info = b.preload_blas()
@@ -99,7 +99,7 @@ def test_refuses_next_to_torch():
 
 
 _MATMUL = """
-from mlxgraph.interpreter.blas import preload_blas
+from mlxgraph.interpreter.native.blas import preload_blas
 info = preload_blas()
 import numpy as np, mlx.core as mx
 rng = np.random.default_rng(0)
@@ -159,7 +159,7 @@ def test_cli_parser_imports_neither_mlx_nor_torch():
 @pytest.mark.slow
 def test_preloaded_matmul_is_faster(optimised):
     code = """
-        from mlxgraph.interpreter.blas import preload_blas
+        from mlxgraph.interpreter.native.blas import preload_blas
         preload_blas()
         import time, mlx.core as mx
         a = mx.random.normal((1024, 1024)); mx.eval(a, a @ a)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from blas_helpers import has_avx512
 
-from mlxgraph.interpreter.blas import pypi_openblas_file
-from mlxgraph.interpreter.blas_router import router_file
+from mlxgraph.interpreter.native.blas import pypi_openblas_file
+from mlxgraph.interpreter.native.blas_router import router_file
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -87,8 +87,8 @@ def test_every_case_matches_numpy(router, route, threads, tile):
 
 
 _MLX_PATH = """
-from mlxgraph.interpreter.blas import preload_blas
-from mlxgraph.interpreter.blas_router import router_counts
+from mlxgraph.interpreter.native.blas import preload_blas
+from mlxgraph.interpreter.native.blas_router import router_counts
 info = preload_blas()
 import numpy as np, mlx.core as mx
 rng = np.random.default_rng(1)
@@ -139,7 +139,7 @@ def test_router_off_forwards_everything_to_sgemm(router):
 
 _ALPHA_ZERO = """
 import json
-from mlxgraph.interpreter.blas import preload_blas
+from mlxgraph.interpreter.native.blas import preload_blas
 info = preload_blas()
 import numpy as np, mlx.core as mx
 seen = {}
@@ -168,7 +168,7 @@ def test_alpha_zero_never_reads_the_operands(router, tile):
 def test_without_router_stats_say_absent():
     code = """
         import json
-        import mlxgraph.interpreter.blas as b
+        import mlxgraph.interpreter.native.blas as b
         b.router_file = lambda: ""
         print(json.dumps(b.preload_blas().as_dict()))
     """
@@ -184,7 +184,7 @@ def test_prefixed_blas_without_router_is_refused_by_name():
     if not pypi_openblas_file():
         pytest.skip("scipy-openblas32 not installed")
     code = """
-        import mlxgraph.interpreter.blas as b
+        import mlxgraph.interpreter.native.blas as b
         b.router_file = lambda: ""
         try:
             b.preload_blas()
@@ -225,7 +225,7 @@ _THREADS_CODE = """
     import mlxgraph
     info = mlxgraph.preload_blas()
     import mlx.core as mx
-    from mlxgraph.interpreter.blas_router import cblas_prefix, router_counts
+    from mlxgraph.interpreter.native.blas_router import cblas_prefix, router_counts
     lib = ctypes.CDLL(info.path)
     get = getattr(lib, cblas_prefix(lib) + "openblas_get_num_threads")
     seen = []

@@ -17,7 +17,7 @@ import pytest
 from tool_helpers import run_cli
 
 import mlxgraph
-from mlxgraph.tools.chat_session import ChatSession
+from mlxgraph.generation.chat_session import ChatSession
 
 PY = sys.executable
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}

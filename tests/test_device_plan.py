@@ -9,8 +9,9 @@ import pytest
 
 import mlxgraph
 from mlxgraph.exporter import export
-from mlxgraph.interpreter import kernels, native_activations
+from mlxgraph.interpreter import kernels
 from mlxgraph.interpreter.kernels import get_kernel, register
+from mlxgraph.interpreter.native import activations as native_activations
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_the_plan_follows_the_default_device_unless_forced(llama_graphs):
 @pytest.fixture
 def mlx_ops_on_cpu(monkeypatch):
     """The CPU kernels on MLX's ops, as on a GPU: float32 on the CPU otherwise takes the
-    native activations (interpreter/native_activations.py), which no GPU runs. (Not the
+    native activations (interpreter/native/activations.py), which no GPU runs. (Not the
     switch variable: the module reads it once per process.)"""
     monkeypatch.setattr(native_activations, "native_module", lambda: None)
 

@@ -87,12 +87,12 @@ def test_matches_hf_over_prefill_decode_and_chunked_prefill(case):
 
 @pytest.mark.parametrize("chunk", [1, CHUNK, 512])
 def test_generation_yields_hf_greedy_tokens(case, chunk):
-    """tools/generation.py's loop (prefill chunks, the last one sampled with last_only, the
+    """generation/loop.py's loop (prefill chunks, the last one sampled with last_only, the
     pipelined decode) picks HF's greedy tokens: chunks of 1 (every prompt token a step),
     of 5 (the last chunk a 2-token step) and one 17-token step (longer than the window)."""
     import mlxgraph
-    from mlxgraph.tools.generation import generate
-    from mlxgraph.tools.sampling import Sampler
+    from mlxgraph.generation.loop import generate
+    from mlxgraph.generation.sampling import Sampler
 
     program = mlxgraph.load(case["path"])
     prompt = [int(t) for t in case["prompt"][0]]

@@ -17,8 +17,8 @@ from parity_helpers import batched_parity_error, hf_greedy_reference, ids, rel_e
 
 import mlxgraph
 from mlxgraph.exporter import export
-from mlxgraph.interpreter import native_activations
 from mlxgraph.interpreter.errors import SessionError
+from mlxgraph.interpreter.native import activations as native_activations
 from mlxgraph.schema.reader import open_graph
 
 PROMPT, DECODE, CHUNK, MAX_T = 17, 40, 5, 64

@@ -15,9 +15,9 @@ from tool_helpers import generate_cli as _cli
 from tool_helpers import synthetic_graph as _graph
 
 import mlxgraph
+from mlxgraph.generation.loop import GenerationStats, generate
+from mlxgraph.generation.sampling import Sampler
 from mlxgraph.schema.format import format_version
-from mlxgraph.tools.generation import GenerationStats, generate
-from mlxgraph.tools.sampling import Sampler
 
 PROMPT = [1, 7, 42, 99, 5, 200]
 

@@ -22,7 +22,7 @@ import time
 import pytest
 from kv_schedule import FAMILIES, TOTALS, run_schedule
 
-from mlxgraph.interpreter import cache_store
+from mlxgraph.interpreter.cache import store as cache_store
 
 
 @pytest.fixture(scope="module", autouse=True)

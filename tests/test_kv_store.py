@@ -11,7 +11,7 @@ import pytest
 from dense_reference import dense_attention
 
 from mlxgraph.interpreter.attention import attend
-from mlxgraph.interpreter.kv_cache import CacheError, CachePolicy, make_store
+from mlxgraph.interpreter.cache.kv_cache import CacheError, CachePolicy, make_store
 from mlxgraph.schema.records import LayerCacheInfo
 
 

@@ -9,9 +9,9 @@ import pytest
 from tiny_graph import VOCAB, TinyOracle, build_tiny_graph
 
 import mlxgraph
+from mlxgraph.generation.loop import generate
+from mlxgraph.generation.sampling import Sampler
 from mlxgraph.interpreter.node_runner import last_row_head
-from mlxgraph.tools.generation import generate
-from mlxgraph.tools.sampling import Sampler
 
 TOL = 2e-4
 

@@ -13,8 +13,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxgraph.interpreter import native_activations as na
 from mlxgraph.interpreter.kernels.elementwise import silu as silu_kernel
+from mlxgraph.interpreter.native import activations as na
 
 NATIVE = na.native_module()
 HAS_CXX = any(shutil.which(c) for c in ("c++", "g++", "clang++"))
@@ -97,7 +97,7 @@ def test_switch_off_takes_mlx_ops():
     # MLX ops (bitwise their results)
     code = (
         "import mlx.core as mx, numpy as np\n"
-        "from mlxgraph.interpreter import native_activations as na\n"
+        "from mlxgraph.interpreter.native import activations as na\n"
         "from mlxgraph.interpreter.attention import attend\n"
         "from mlxgraph.interpreter.kernels.fused import rms_norm, rope\n"
         "q, k, v = (mx.array(np.random.default_rng(i).standard_normal((1, 4, 3, 16)),\n"

@@ -7,8 +7,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxgraph.interpreter import native_activations as na
 from mlxgraph.interpreter.attention import attend
+from mlxgraph.interpreter.native import activations as na
 
 NATIVE = na.native_module()
 needs_native = pytest.mark.skipif(NATIVE is None, reason="native kernels not built")

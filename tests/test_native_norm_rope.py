@@ -9,9 +9,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxgraph.interpreter import native_activations as na
 from mlxgraph.interpreter.kernels.fused import rms_norm as rms_kernel
 from mlxgraph.interpreter.kernels.fused import rope as rope_kernel
+from mlxgraph.interpreter.native import activations as na
 
 NATIVE = na.native_module()
 needs_native = pytest.mark.skipif(NATIVE is None, reason="native kernels not built")

@@ -17,7 +17,7 @@ import pytest
 from synthetic_graphs import llama
 
 import mlxgraph
-from mlxgraph.interpreter.pipeline_plan import plan_stages
+from mlxgraph.interpreter.pipeline.plan import plan_stages
 from mlxgraph.tools.cli import main
 from mlxgraph.tools.local_ranks import free_port_block, run_local_ranks
 

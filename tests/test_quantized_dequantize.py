@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from mlxgraph.interpreter.kernels.quantized import quantized_linear
-from mlxgraph.interpreter.quantized_native import dequantize_eligible, native_kernel
+from mlxgraph.interpreter.native.quantized import dequantize_eligible, native_kernel
 
 NATIVE = native_kernel()
 needs_native = pytest.mark.skipif(NATIVE.dequantize_fn is None, reason=NATIVE.reason)
 
 
 def _ext():
-    import mlxgraph.interpreter._quantized_matvec as ext
+    import mlxgraph.interpreter.native._quantized_matvec as ext
 
     return ext
 

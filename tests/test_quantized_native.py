@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mlxgraph.interpreter.kernels.quantized import quantized_linear
-from mlxgraph.interpreter.quantized_native import (
+from mlxgraph.interpreter.native.quantized import (
     KERNEL_ENV,
     eligible,
     half_eligible,
@@ -41,7 +41,7 @@ def case(rows, out_features, in_features, bits, group_size, seed=0, scales=mx.fl
 def test_native_equals_mlx_quantized_matmul(bits, group_size, rows, threads, scales):
     """Exact against MLX's op for 1-8 rows (blocks of 4 and a remainder), float32 or
     float16 scales (MLX's op computes the float32 x against the widened scales)."""
-    import mlxgraph.interpreter._quantized_matvec as ext
+    import mlxgraph.interpreter.native._quantized_matvec as ext
 
     x, w, s, b = case(rows, 300, 1024, bits, group_size, seed=bits * rows, scales=scales)
     ext.set_threads(threads)
@@ -58,7 +58,7 @@ def test_native_equals_mlx_quantized_matmul(bits, group_size, rows, threads, sca
 def _levels():
     if NATIVE.fn is None:
         return []
-    import mlxgraph.interpreter._quantized_matvec as ext
+    import mlxgraph.interpreter.native._quantized_matvec as ext
 
     return ext.levels()
 
@@ -71,7 +71,7 @@ def test_every_level_equals_the_float64_product_over_random_shapes(level, bits):
     against the dequantized weight's product in float64: every group size, 1-8 rows, odd
     and tiny row counts of W (tiles of 4 and a remainder), 1 and 2 threads (shapes big
     enough to be split), float32 and float16 scales."""
-    import mlxgraph.interpreter._quantized_matvec as ext
+    import mlxgraph.interpreter.native._quantized_matvec as ext
 
     rng = np.random.default_rng(bits)
     try:
@@ -104,7 +104,7 @@ def test_every_level_equals_the_float64_product_over_random_shapes(level, bits):
 
 @needs_native
 def test_levels_and_their_switch():
-    import mlxgraph.interpreter._quantized_matvec as ext
+    import mlxgraph.interpreter.native._quantized_matvec as ext
 
     assert ext.levels()[-1] == "generic" and ext.level() == ext.levels()[0]
     with pytest.raises(ValueError, match="not a level this CPU runs: sse9"):
@@ -159,7 +159,7 @@ def test_the_kernel_gives_the_dequantized_product_on_both_paths():
 
 
 def test_switching_the_native_kernel_off():
-    code = ("from mlxgraph.interpreter.quantized_native import native_kernel; "
+    code = ("from mlxgraph.interpreter.native.quantized import native_kernel; "
             "print(native_kernel().describe())")
     env = {**os.environ, KERNEL_ENV: "mlx"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -181,7 +181,7 @@ def half_case(rows, dtype, out_features=300, in_features=1024, seed=0):
 @pytest.mark.parametrize("rows", [1, 3, 5, 8])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_half_native_equals_the_float32_product_of_the_same_weights(dtype, rows, threads):
-    import mlxgraph.interpreter._quantized_matvec as ext
+    import mlxgraph.interpreter.native._quantized_matvec as ext
 
     x, w = half_case(rows, dtype, seed=rows)
     ext.set_threads(threads)
@@ -253,7 +253,7 @@ def test_concurrent_callers_and_pool_resizes_get_exact_products():
     nothing deadlocks."""
     import threading
 
-    import mlxgraph.interpreter._quantized_matvec as ext
+    import mlxgraph.interpreter.native._quantized_matvec as ext
 
     cases = [case(rows, n, k, bits, gs, seed=rows, scales=sd)
              for rows, n, k, bits, gs, sd in [(1, 1030, 1024, 4, 32, mx.float16),

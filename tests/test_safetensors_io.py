@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from mlxgraph.interpreter.safetensors_io import SafetensorsError, SafetensorsFile, write
+from mlxgraph.interpreter.cache.safetensors_io import SafetensorsError, SafetensorsFile, write
 
 
 @pytest.mark.parametrize("shape", [(0,), (0, 4), (3, 0, 2), (), (2, 3)])

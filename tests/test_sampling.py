@@ -8,9 +8,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxgraph.interpreter.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
-from mlxgraph.tools.sampling import Sampler, min_p_mask, top_k_mask, top_p_mask
-from mlxgraph.tools.stop_text import StopText
+from mlxgraph.generation.sampling import Sampler, min_p_mask, top_k_mask, top_p_mask
+from mlxgraph.generation.stop_text import StopText
+from mlxgraph.interpreter.text.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
 
 
 # ---------------------------------------------------------------------------- sampling

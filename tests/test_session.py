@@ -9,8 +9,8 @@ import pytest
 from tiny_graph import VOCAB, TinyOracle, build_tiny_graph
 
 import mlxgraph
+from mlxgraph.interpreter.cache.kv_cache import CacheError
 from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
-from mlxgraph.interpreter.kv_cache import CacheError
 from mlxgraph.schema.errors import GraphFormatError
 
 TOL = 2e-4  # float32 graph vs float64 oracle, relative to the logits' scale

@@ -13,8 +13,8 @@ import pytest
 from tiny_graph import VOCAB, TinyOracle, build_tiny_graph
 
 import mlxgraph
+from mlxgraph.interpreter.cache.kv_cache import CacheError
 from mlxgraph.interpreter.errors import SessionError
-from mlxgraph.interpreter.kv_cache import CacheError
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 from tiny_graph import VOCAB, TinyOracle, build_tiny_graph
 
 import mlxgraph
-from mlxgraph.interpreter.kv_cache import CacheError
+from mlxgraph.interpreter.cache.kv_cache import CacheError
 
 TOL = 2e-4
 

@@ -16,8 +16,8 @@ from synthetic_graphs import llama
 from tiny_graph import VOCAB, TinyOracle, build_tiny_graph
 
 import mlxgraph
+from mlxgraph.interpreter.cache.kv_cache import CacheError
 from mlxgraph.interpreter.errors import CacheFileError
-from mlxgraph.interpreter.kv_cache import CacheError
 
 TOL = 2e-4
 

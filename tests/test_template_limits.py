@@ -11,8 +11,8 @@ import jinja2
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from mlxgraph.interpreter.chat_template import TemplateLimits, render_chat
-from mlxgraph.interpreter.tokenizer import TokenizerError
+from mlxgraph.interpreter.text.chat_template import TemplateLimits, render_chat
+from mlxgraph.interpreter.text.tokenizer import TokenizerError
 
 LIMITS = TemplateLimits(seconds=1.0)
 CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},

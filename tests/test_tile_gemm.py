@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from blas_helpers import has_avx512
 
-from mlxgraph.interpreter.blas_router import router_file
+from mlxgraph.interpreter.native.blas_router import router_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,8 +38,8 @@ def router():
 _TILE_PATH = """
 import json
 import shutil
-from mlxgraph.interpreter.blas import preload_blas
-from mlxgraph.interpreter.blas_router import router_counts
+from mlxgraph.interpreter.native.blas import preload_blas
+from mlxgraph.interpreter.native.blas_router import router_counts
 info = preload_blas()
 import numpy as np, mlx.core as mx
 rng = np.random.default_rng(3)
@@ -86,7 +86,7 @@ def test_tile_kernel_can_be_switched_off_or_forced(router):
     if has_avx512():
         always = _tile_run("always")
         assert always["tile"] == 3 and always["worst"] < 1e-5, always
-    bad = _py("from mlxgraph.interpreter.blas import preload_blas; preload_blas()",
+    bad = _py("from mlxgraph.interpreter.native.blas import preload_blas; preload_blas()",
               {"MLXGRAPH_BLAS_TILE": "fast"})
     assert bad.returncode != 0 and "MLXGRAPH_BLAS_TILE=fast" in bad.stderr, bad.stderr[-500:]
 
@@ -94,8 +94,8 @@ def test_tile_kernel_can_be_switched_off_or_forced(router):
 _TINY_ORACLE = """
 import json, sys
 sys.path.insert(0, {tests!r})
-from mlxgraph.interpreter.blas import preload_blas
-from mlxgraph.interpreter.blas_router import router_counts
+from mlxgraph.interpreter.native.blas import preload_blas
+from mlxgraph.interpreter.native.blas_router import router_counts
 info = preload_blas()
 import numpy as np, mlx.core as mx
 import mlxgraph

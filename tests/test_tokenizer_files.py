@@ -8,7 +8,7 @@ from synthetic_graphs import llama
 from tool_helpers import generate_cli as _cli
 from tool_helpers import synthetic_graph as _graph
 
-from mlxgraph.interpreter.tokenizer import load_tokenizer
+from mlxgraph.interpreter.text.tokenizer import load_tokenizer
 
 
 def test_cli_prompt_with_embedded_tokenizer(tmp_path, hf_folder):

@@ -13,9 +13,9 @@ import pytest
 from hostile_tokenizers import CASES, CHARSMAP, base, document
 from tool_helpers import generate_cli, synthetic_graph
 
-from mlxgraph.interpreter.charsmap_check import CharsmapError, charsmap_growth
-from mlxgraph.interpreter.hf_tokenizer import MAX_DECODE_CHARS, MAX_ENCODE_TOKENS, HFTokenizer
-from mlxgraph.interpreter.tokenizer import TokenizerError
+from mlxgraph.interpreter.text.charsmap_check import CharsmapError, charsmap_growth
+from mlxgraph.interpreter.text.hf_tokenizer import MAX_DECODE_CHARS, MAX_ENCODE_TOKENS, HFTokenizer
+from mlxgraph.interpreter.text.tokenizer import TokenizerError
 
 RUNNER = Path(__file__).with_name("hostile_tokenizers.py")
 WORKS = {"padding Fixed 10**9", "truncation to 1", "charsmap valid"}  # the rest: refused

@@ -41,19 +41,20 @@ def _no_kernel_reachable(_path):
     assert not missing, f"ops without a kernel: {missing}"
 
 
-# (file, the message's literal text) -> a crafted file's builder, or why no file reaches it.
+# (file under interpreter/, the message's literal text) -> a crafted file's builder, or why
+# no file reaches it.
 CASES = {
     ("program.py", "layer_id  is used by two UpdateAndAttend nodes"):
         lambda p: build_tiny_graph(p, windows=(0, 0), layer_ids=(0, 0)),
     ("program.py", "layer_id  has no cache geometry in the metadata (metadata.layers)"):
         lambda p: build_tiny_graph(p, record_layers=False),
-    ("step_inputs.py", "graph input : axis  is dynamic without a symbol"): _dynamic_input,
+    ("session/step_inputs.py", "graph input : axis  is dynamic without a symbol"): _dynamic_input,
     ("node_plan.py", "op  has no kernel in this mlxgraph"): _no_kernel_reachable,
-    ("pipeline_plan.py", "a pipeline of  stages needs at least  attention layers; the graph "
+    ("pipeline/plan.py", "a pipeline of  stages needs at least  attention layers; the graph "
                          "has "): "load(pipeline=N) only: how a valid file splits into N stages",
-    ("pipeline_plan.py", "runtime int $v would cross the pipeline cut before node ; this graph "
+    ("pipeline/plan.py", "runtime int $v would cross the pipeline cut before node ; this graph "
                          "cannot be pipelined there"): "load(pipeline=N) only: the split",
-    ("pipeline_plan.py", "tensor % () crosses the pipeline cut before node  without a declared "
+    ("pipeline/plan.py", "tensor % () crosses the pipeline cut before node  without a declared "
                          "dtype and shape"): "load(pipeline=N) only: the split",
 }
 
@@ -70,13 +71,15 @@ def _literal(node) -> str:
 
 
 def raise_sites() -> set:
-    """{(file, message literal)} of every ``raise GraphFormatError(...)`` in the loader."""
+    """{(file under the loader, message literal)} of every ``raise GraphFormatError(...)``
+    in the loader."""
     sites = set()
     for path in sorted(LOADER.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
                     and getattr(node.exc.func, "id", None) == "GraphFormatError"):
-                sites.add((path.name, _literal(node.exc.args[0]) if node.exc.args else ""))
+                message = _literal(node.exc.args[0]) if node.exc.args else ""
+                sites.add((path.relative_to(LOADER).as_posix(), message))
     return sites
 
 

@@ -1,5 +1,5 @@
 """Test support: small hand-built graphs around one "middle" part, for the token-row
-analysis of batched steps (interpreter/token_rows.py). Not part of the mlxgraph package."""
+analysis of batched steps (interpreter/batching/token_rows.py). Not part of the mlxgraph package."""
 
 import numpy as np
 from synthetic_graphs import GraphSpec

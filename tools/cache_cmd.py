@@ -43,7 +43,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     """Run ``cache inspect`` or ``cache diff``; returns the exit code."""
-    from mlxgraph.interpreter.cache_file import CacheFile
+    from mlxgraph.interpreter.cache.file import CacheFile
     from mlxgraph.interpreter.errors import CacheFileError
     from mlxgraph.tools.cache_view import diff_caches, file_view
 

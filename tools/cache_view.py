@@ -50,7 +50,7 @@ def layer_history(cache, lid: int) -> tuple[int, np.ndarray, np.ndarray]:
     position order."""
     import mlx.core as mx
 
-    from mlxgraph.interpreter.kv_codec import unpack
+    from mlxgraph.interpreter.cache.kv_codec import unpack
 
     info = cache.layers[lid]
     length, oldest, modulus = info["length"], info["oldest"], info["modulus"]

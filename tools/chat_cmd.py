@@ -30,7 +30,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     """Chat until end of input; returns the exit code (0, 2 bad input, 3 the graph failed)."""
-    from mlxgraph.interpreter.blas import BlasError, preload_blas
+    from mlxgraph.interpreter.native.blas import BlasError, preload_blas
 
     try:
         if args.ignore_chat_template:
@@ -39,9 +39,9 @@ def run(args) -> int:
         preload_blas()
     except (ToolError, BlasError) as e:
         return fail(f"chat: {e}")
-    from mlxgraph.interpreter.tokenizer import TokenizerError
-    from mlxgraph.tools.chat_session import ChatSession
-    from mlxgraph.tools.text_generation import stop_ids
+    from mlxgraph.generation.chat_session import ChatSession
+    from mlxgraph.generation.text import stop_ids
+    from mlxgraph.interpreter.text.tokenizer import TokenizerError
 
     try:
         program, tokenizer = open_program(args, need_tokenizer=True, deadline=True)
@@ -96,9 +96,9 @@ def _loop(chat, interactive: bool) -> int:
 
 def _stream(turn) -> int:
     """Print one answer and its stats line; returns 0, or 3 when the graph failed."""
+    from mlxgraph.interpreter.cache.kv_cache import CacheError
     from mlxgraph.interpreter.errors import GraphRuntimeError, SessionError
-    from mlxgraph.interpreter.kv_cache import CacheError
-    from mlxgraph.interpreter.tokenizer import TokenizerError
+    from mlxgraph.interpreter.text.tokenizer import TokenizerError
 
     out = sys.stdout
     show = printable if out.isatty() else str

@@ -21,7 +21,7 @@ COMMAND_SECONDS = float(os.environ.get("MLXGRAPH_TOKENIZER_DEADLINE", "60"))
 class DeadlinedTokenizer:
     """``tokenizer`` whose ``encode`` and ``apply_chat_template`` run in a worker process
     with a deadline; every other attribute is the tokenizer's own (decoding stays here: a
-    decoder has no regex, interpreter/tokenizer_check.py)."""
+    decoder has no regex, interpreter/text/tokenizer_check.py)."""
 
     def __init__(self, tokenizer, seconds: float = COMMAND_SECONDS):
         self._tok = tokenizer
@@ -40,7 +40,7 @@ class DeadlinedTokenizer:
 
 def with_deadline(tokenizer, seconds: float = COMMAND_SECONDS):
     """A Hugging Face tokenizer whose file brings its own regex, with a deadline; any other
-    as it is (its time is bounded by its input: interpreter/tokenizer_check.py)."""
+    as it is (its time is bounded by its input: interpreter/text/tokenizer_check.py)."""
     bounds = getattr(tokenizer, "bounds", None)
     return DeadlinedTokenizer(tokenizer, seconds) if bounds is not None and bounds.regex \
         else tokenizer

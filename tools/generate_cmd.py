@@ -4,10 +4,10 @@ text, then stats.
 The text streams to stdout as tokens come; the stats (prompt and generated tokens,
 prefill and decode tokens/s, peak memory, the BLAS in use) go to stderr afterwards, so
 redirecting stdout keeps only the text. ``--json`` prints one document at the end instead.
-Built on :func:`mlxgraph.stream_generate` (tools/text_generation.py).
+Built on :func:`mlxgraph.stream_generate` (generation/text.py).
 
 Nothing here imports mlx at module level: the CLI imports this module to build its
-parser, and an optimised BLAS must be loaded before mlx (interpreter/blas.py), which
+parser, and an optimised BLAS must be loaded before mlx (interpreter/native/blas.py), which
 ``run`` does first.
 """
 
@@ -120,7 +120,7 @@ def read_prompt(args) -> str | None:
 def run(args) -> int:
     """Generate; returns the exit code (0 ok, 2 bad input, 3 the graph failed while running,
     130 interrupted)."""
-    from mlxgraph.interpreter.blas import BlasError, preload_blas
+    from mlxgraph.interpreter.native.blas import BlasError, preload_blas
 
     try:
         check_text_options(args)
@@ -137,8 +137,8 @@ def run(args) -> int:
 def _prepare(args):
     """(program, tokenizer, prompt ids, stop ids, session, sampler, chat, prompt cache report);
     raises ToolError."""
-    from mlxgraph.interpreter.tokenizer import TokenizerError
-    from mlxgraph.tools.text_generation import has_full_attention, prompt_to_ids, stop_ids
+    from mlxgraph.generation.text import has_full_attention, prompt_to_ids, stop_ids
+    from mlxgraph.interpreter.text.tokenizer import TokenizerError
 
     text = args.prompt
     program, tokenizer = open_program(args, need_tokenizer=text is not None, deadline=True)
@@ -179,11 +179,11 @@ def _prepare(args):
 def _run(args, blas) -> int:
     import mlx.core as mx
 
+    from mlxgraph.generation.loop import GenerationStats
+    from mlxgraph.generation.text import stream_generate
+    from mlxgraph.interpreter.cache.kv_cache import CacheError
     from mlxgraph.interpreter.errors import GraphRuntimeError, PipelineError, SessionError
-    from mlxgraph.interpreter.kv_cache import CacheError
-    from mlxgraph.interpreter.tokenizer import TokenizerError
-    from mlxgraph.tools.generation import GenerationStats
-    from mlxgraph.tools.text_generation import stream_generate
+    from mlxgraph.interpreter.text.tokenizer import TokenizerError
 
     try:
         program, tokenizer, ids, eos, session, sampler, chat, cache_report = _prepare(args)

@@ -26,7 +26,7 @@ def quantized_stats(program) -> dict | None:
     """Which kernel the graph's QuantizedLinear nodes run on (None for a graph without any)."""
     if not any(n.record.op == "QuantizedLinearNode" for n in program.nodes):
         return None
-    from mlxgraph.interpreter.quantized_native import native_kernel
+    from mlxgraph.interpreter.native.quantized import native_kernel
 
     return native_kernel().as_dict()
 
@@ -35,7 +35,7 @@ def half_matvec_stats(program) -> dict | None:
     """Which kernel the graph's float16/bfloat16 Linear nodes run on at decode (None for a
     graph without any)."""
     from mlxgraph.interpreter.mlx_dtypes import HALF_DTYPES
-    from mlxgraph.interpreter.quantized_native import native_kernel
+    from mlxgraph.interpreter.native.quantized import native_kernel
 
     if not any(n.record.op == "LinearNode"
                and program.tensor_dtypes[n.record.fields["weight"]] in HALF_DTYPES
@@ -47,7 +47,7 @@ def half_matvec_stats(program) -> dict | None:
 
 def native_ops_stats() -> dict:
     """Whether float32 sigmoid/SiLU, attention softmax, RMSNorm, RoPE run on native kernels."""
-    from mlxgraph.interpreter import native_activations
+    from mlxgraph.interpreter.native import activations as native_activations
 
     return {"native": native_activations.native_module() is not None,
             "kernel": native_activations.describe()}

@@ -38,7 +38,7 @@ def load_prompt_cache(path, session, prompt_ids) -> PromptCacheReport:
     Raises:
         ToolError: the file is unreadable, damaged or saved from another graph.
     """
-    from mlxgraph.interpreter.cache_file import CacheFile
+    from mlxgraph.interpreter.cache.file import CacheFile
     from mlxgraph.interpreter.errors import CacheFileError
 
     report = PromptCacheReport(str(path))

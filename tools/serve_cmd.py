@@ -50,7 +50,7 @@ def run(args) -> int:
     import logging
     from pathlib import Path
 
-    from mlxgraph.interpreter.blas import BlasError, preload_blas
+    from mlxgraph.interpreter.native.blas import BlasError, preload_blas
     from mlxgraph.tools.file_kind import graph_path_problem
 
     if any(importlib.util.find_spec(m) is None for m in ("starlette", "uvicorn")):

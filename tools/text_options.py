@@ -7,6 +7,7 @@ preload); ``open_program`` and ``make_session`` import it.
 
 import math
 
+from mlxgraph.generation.defaults import DEFAULT_MAX_TOKENS, DEFAULT_PREFILL_CHUNK
 from mlxgraph.tools.file_kind import graph_path_problem
 from mlxgraph.tools.output import (
     ToolError,
@@ -15,9 +16,6 @@ from mlxgraph.tools.output import (
     positive_int,
     probability_mass,
 )
-
-DEFAULT_MAX_TOKENS = 128
-DEFAULT_PREFILL_CHUNK = 512
 
 
 def add_text_options(p) -> None:
@@ -177,7 +175,7 @@ def open_program(args, need_tokenizer: bool, deadline: bool = False):
     """
     from mlxgraph.interpreter.errors import PipelineError
     from mlxgraph.interpreter.program import Program
-    from mlxgraph.interpreter.tokenizer import TokenizerError, load_tokenizer
+    from mlxgraph.interpreter.text.tokenizer import TokenizerError, load_tokenizer
     from mlxgraph.schema.errors import GraphFormatError
     from mlxgraph.tools.pipeline_cli import load_options
 
@@ -209,7 +207,7 @@ def make_sampler(args):
     Raises:
         ToolError: a bad setting.
     """
-    from mlxgraph.tools.sampling import make_sampler as build
+    from mlxgraph.generation.sampling import make_sampler as build
 
     try:
         return build(
@@ -226,8 +224,8 @@ def make_session(program, args):
     Raises:
         ToolError: a setting the graph cannot honour.
     """
+    from mlxgraph.interpreter.cache.kv_cache import CacheError
     from mlxgraph.interpreter.errors import SessionError
-    from mlxgraph.interpreter.kv_cache import CacheError
 
     windows, window = None, getattr(args, "window", None)
     if window is not None:  # full-attention layers only: a sliding layer's window is its math

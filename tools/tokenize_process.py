@@ -152,8 +152,8 @@ def _worker() -> None:
     import resource
 
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-    from mlxgraph.interpreter.chat_template import TemplateLimits
-    from mlxgraph.interpreter.hf_tokenizer import HFTokenizer
+    from mlxgraph.interpreter.text.chat_template import TemplateLimits
+    from mlxgraph.interpreter.text.hf_tokenizer import HFTokenizer
 
     out = sys.stdout.buffer
     tok, origin = None, "embedded"

@@ -93,7 +93,7 @@ def mlx_lm_blas() -> str:
     labelled extra row)."""
     if os.environ.get("BENCH_PRELOAD_BLAS") != "1":
         return "MLX's own (as installed)"
-    from mlxgraph.interpreter.blas import preload_blas
+    from mlxgraph.interpreter.native.blas import preload_blas
 
     return preload_blas().describe()
 

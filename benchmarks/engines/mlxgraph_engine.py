@@ -4,7 +4,7 @@
 
 As a user's script does it: ``mlxgraph.load()`` (which preloads the BLAS by itself, before
 mlx is imported), then the same generation loop as `mlxgraph generate`
-(tools/generation.py), EOS ignored so every engine produces the same number of tokens.
+(generation/loop.py), EOS ignored so every engine produces the same number of tokens.
 """
 
 import sys
@@ -21,8 +21,8 @@ def main() -> int:
     blas = mlxgraph.blas_in_use()
     import mlx.core as mx
 
-    from mlxgraph.tools.generation import generate
-    from mlxgraph.tools.sampling import Sampler
+    from mlxgraph.generation.loop import generate
+    from mlxgraph.generation.sampling import Sampler
 
     def once(prompt, n, timer):
         session = program.session()

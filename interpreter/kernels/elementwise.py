@@ -9,8 +9,8 @@ import math
 
 import mlx.core as mx
 
-from mlxgraph.interpreter import native_activations
 from mlxgraph.interpreter.kernels import register
+from mlxgraph.interpreter.native import activations as native_activations
 from mlxgraph.schema.enums import RoundingMode
 
 
@@ -69,7 +69,7 @@ def logical_not(x):
 
 @register("Silu")
 def silu(x):
-    """x * sigmoid(x) (native for float32 on the CPU: interpreter/native_activations.py)."""
+    """x * sigmoid(x) (native for float32 on the CPU: interpreter/native/activations.py)."""
     return native_activations.silu(_floating(x))
 
 

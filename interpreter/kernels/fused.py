@@ -2,8 +2,8 @@
 
 import mlx.core as mx
 
-from mlxgraph.interpreter import native_activations
 from mlxgraph.interpreter.kernels import register
+from mlxgraph.interpreter.native import activations as native_activations
 
 
 @register("RmsNorm")
@@ -16,7 +16,7 @@ def rms_norm(x, weight=None, eps=1e-6, weight_offset=0.0):
     - weight_offset != 0 (Gemma's ``1 + weight``): the product is taken in float32 and
       the result cast to x's dtype.
     Without a weight the normalized value is returned in x's dtype. In float32 the two
-    coincide; float32 x on the CPU runs on the native kernel (interpreter/native_activations.py)
+    coincide; float32 x on the CPU runs on the native kernel (interpreter/native/activations.py)
     with the same roundings and a float64 sum of squares.
 
     Raises:
@@ -45,7 +45,7 @@ def rope(x, cos, sin):
 
     cos and sin broadcast against x (e.g. [B, 1, T, D] for x [B, H, T, D]), as Hugging
     Face's ``apply_rotary_pos_emb`` applies them to one tensor. float32 operands on the
-    CPU run on the native kernel (bitwise the same result; interpreter/native_activations.py).
+    CPU run on the native kernel (bitwise the same result; interpreter/native/activations.py).
 
     Raises:
         ValueError: x's last axis is odd.

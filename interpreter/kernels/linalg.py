@@ -3,7 +3,7 @@
 import mlx.core as mx
 
 from mlxgraph.interpreter.kernels import register
-from mlxgraph.interpreter.quantized_native import half_eligible, native_kernel
+from mlxgraph.interpreter.native.quantized import half_eligible, native_kernel
 
 
 @register("Matmul")

@@ -2,7 +2,7 @@
 MLX's own quantized ops, which read the packed layout directly on every device, and on the
 CPU the native matrix-vector kernel for decode-sized float32 steps when the install built
 it, and a dequantized weight under the BLAS matmul for longer ones
-(interpreter/quantized_native.py).
+(interpreter/native/quantized.py).
 
 Scales and biases narrower than float32 (a float32 graph stores them as float16 by
 default) are widened before dequantizing: the weight is then computed in float32, which is
@@ -12,7 +12,7 @@ output to its declared dtype."""
 import mlx.core as mx
 
 from mlxgraph.interpreter.kernels import register
-from mlxgraph.interpreter.quantized_native import (
+from mlxgraph.interpreter.native.quantized import (
     dequantize_eligible,
     eligible,
     native_kernel,

@@ -1,5 +1,5 @@
 // mlxgraph's float32 sigmoid and SiLU on the CPU, as an MLX primitive. Built at install by
-// setup.py (optional); interpreter/native_activations.py loads it and falls back to
+// setup.py (optional); interpreter/native/activations.py loads it and falls back to
 // MLX's own ops without it.
 //
 // Why: the mlx[cpu] wheel for x86-64 computes exp (and so sigmoid) one element at a time,

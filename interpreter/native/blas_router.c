@@ -8,7 +8,7 @@
  * by mlxgraph_router_bind() with a dlopen handle and a symbol prefix ("" for a system
  * OpenBLAS, "scipy_" for scipy-openblas32), so one build serves any CBLAS.
  *
- * Loaded by interpreter/blas.py (RTLD_GLOBAL, before mlx). No headers beyond libc: the
+ * Loaded by interpreter/native/blas.py (RTLD_GLOBAL, before mlx). No headers beyond libc: the
  * CBLAS enum values are the standard ones. */
 #include <dlfcn.h>
 #include <stdio.h>

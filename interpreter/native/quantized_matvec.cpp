@@ -1,7 +1,7 @@
 // mlxgraph's quantized matrix-vector product on the CPU, as an MLX primitive
 // (docs/architecture.md#quantized-weights), and the module of the native kernels (the half
 // precision one is half_matvec.h). Built at install by setup.py (optional);
-// interpreter/quantized_native.py loads it and falls back to MLX's own ops without it.
+// interpreter/native/quantized.py loads it and falls back to MLX's own ops without it.
 //
 // The arithmetic is quantized_kernel.h's (16-byte blocks of codes widened in registers,
 // AVX-512 / AVX2 / generic code picked at load, rows of W over matvec_common.h's pool);

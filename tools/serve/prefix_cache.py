@@ -2,15 +2,15 @@
 under a memory budget.
 
 A new request whose token ids share a prefix with a kept session's history forks that
-session (a fork shares the buffers: interpreter/session_state.py), rewinds the fork to the
+session (a fork shares the buffers: interpreter/session/state.py), rewinds the fork to the
 shared prefix and prefills only the rest: the chat case, where each turn re-sends the whole
 conversation. Used by the scheduler thread only (it touches MLX arrays).
 """
 
 from collections import OrderedDict
 
-from mlxgraph.interpreter.kv_cache import CacheError
-from mlxgraph.tools.chat_session import common_prefix
+from mlxgraph.generation.chat_session import common_prefix
+from mlxgraph.interpreter.cache.kv_cache import CacheError
 
 
 def cache_bytes(session) -> int:

@@ -13,8 +13,8 @@ import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from mlxgraph.interpreter.chat_template import TemplateLimits
-from mlxgraph.interpreter.tokenizer import TokenizerError
+from mlxgraph.interpreter.text.chat_template import TemplateLimits
+from mlxgraph.interpreter.text.tokenizer import TokenizerError
 from mlxgraph.tools.serve.openai_requests import RequestError
 from mlxgraph.tools.tokenize_process import TokenizerPool
 

@@ -146,10 +146,10 @@ class Scheduler:
             self._cache.clear()
 
     def _load(self) -> None:
+        from mlxgraph.generation.text import has_full_attention, stop_ids
         from mlxgraph.tools.output import ToolError
         from mlxgraph.tools.serve.prefix_cache import PrefixCache
         from mlxgraph.tools.serve.stepping import Stepper
-        from mlxgraph.tools.text_generation import has_full_attention, stop_ids
         from mlxgraph.tools.text_options import open_program
 
         opts = self.options

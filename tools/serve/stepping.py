@@ -1,6 +1,6 @@
 """One scheduler round in MLX: prefill chunks and pipelined decode steps of many sessions.
 
-A job's prompt goes in as ``tools/generation.py`` feeds it (all but the last token in
+A job's prompt goes in as ``generation/loop.py`` feeds it (all but the last token in
 ``chunk``-token steps, then the last token, whose logits give the first new token), and
 its decode is pipelined the same way: the step after token t is built on the still-lazy
 token t and evaluated with the round, before the host reads token t. The decoding jobs'
@@ -11,8 +11,8 @@ the scheduler thread only.
 
 import mlx.core as mx
 
-from mlxgraph.tools.sampling import make_sampler
-from mlxgraph.tools.stop_text import StopText
+from mlxgraph.generation.sampling import make_sampler
+from mlxgraph.generation.stop_text import StopText
 
 
 class Stepper:

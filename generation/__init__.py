@@ -1,0 +1,7 @@
+"""mlxgraph.generation: the generation library (never imports torch).
+
+loop.py is the token loop (chunked prefill, pipelined decode, stats); text.py is text in,
+text out (``generate``, ``stream_generate``); chat_session.py is ``ChatSession``;
+sampling.py and stop_text.py are its parts. The CLI (tools/) and the server
+(tools/serve/) call it; it never reads command-line arguments.
+"""

@@ -1,0 +1,201 @@
+"""Token choice from logits, in MLX: greedy, or temperature / top-k / top-p / min-p sampling,
+and a repetition penalty (the logits processor of mlx-lm and transformers).
+
+Everything stays lazy (no evaluation here), so a sampler can be part of the step graph
+that ``mx.async_eval`` runs while the host builds the next step. Random draws use an
+explicit key chain from the seed, so a run is reproducible whatever else uses MLX's
+global random state.
+
+Imports mlx: import this only after the BLAS preload (see mlxgraph.interpreter.native.blas).
+"""
+
+import math
+import os
+
+import mlx.core as mx
+
+
+def top_k_mask(logits: mx.array, k: int) -> mx.array:
+    """Keep the ``k`` largest logits along the last axis; the rest become -inf.
+
+    Args:
+        logits: [..., vocab].
+        k: how many to keep; k <= 0 or k >= vocab keeps everything.
+    """
+    vocab = logits.shape[-1]
+    if k <= 0 or k >= vocab:
+        return logits
+    # The k-th largest value is the threshold; ties at the threshold are kept.
+    kth = mx.sort(logits, axis=-1)[..., vocab - k : vocab - k + 1]
+    return mx.where(logits >= kth, logits, -mx.inf)
+
+
+def top_p_mask(logits: mx.array, p: float) -> mx.array:
+    """Keep the smallest set of most likely tokens whose probability reaches ``p``.
+
+    The most likely token is always kept. Args: logits [..., vocab]; p in (0, 1]
+    (p >= 1 keeps everything).
+    """
+    if p >= 1.0:
+        return logits
+    order = mx.argsort(-logits, axis=-1)
+    ranked = mx.take_along_axis(logits, order, axis=-1)
+    probs = mx.softmax(ranked, axis=-1)
+    before = mx.cumsum(probs, axis=-1) - probs  # mass strictly above each token
+    ranked = mx.where(before < p, ranked, -mx.inf)
+    # Undo the sort: scatter the masked values back to vocabulary order.
+    return mx.put_along_axis(
+        mx.full(logits.shape, -mx.inf, dtype=logits.dtype), order, ranked, axis=-1
+    )
+
+
+def min_p_mask(logits: mx.array, min_p: float) -> mx.array:
+    """Drop tokens less likely than ``min_p`` times the most likely one (min-p sampling).
+
+    The most likely token is always kept. Args: logits [..., vocab]; min_p in [0, 1)
+    (0 keeps everything).
+    """
+    if min_p <= 0.0:
+        return logits
+    # p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p)
+    floor = mx.max(logits, axis=-1, keepdims=True) + math.log(min_p)
+    return mx.where(logits >= floor, logits, -mx.inf)
+
+
+def repetition_penalty(logits: mx.array, context: mx.array, penalty: float) -> mx.array:
+    """Penalise the tokens of ``context`` (CTRL's rule, as transformers and mlx-lm apply it):
+    a positive logit is divided by ``penalty``, a negative one multiplied.
+
+    Args:
+        logits: [1, vocab]; context: [n] token ids (n may be 0); penalty: > 0, 1 = off.
+    """
+    if penalty == 1.0 or context.size == 0:
+        return logits
+    picked = logits[:, context]
+    picked = mx.where(picked < 0, picked * penalty, picked / penalty)
+    logits = logits.astype(picked.dtype) if logits.dtype != picked.dtype else logits
+    logits[:, context] = picked
+    return logits
+
+
+class Sampler:
+    """Chooses the next token from the last position's logits.
+
+    Args:
+        temperature: 0 = greedy (argmax); > 0 divides the logits before sampling.
+        top_k: keep only the k most likely tokens (0 = off).
+        top_p: nucleus sampling mass (1.0 = off).
+        seed: starts the key chain (sampling only).
+        min_p: drop tokens below min_p times the top token's probability (0 = off).
+        repetition_penalty: > 1 discourages the last ``repetition_context`` tokens (prompt
+            included), as mlx-lm and transformers do (1.0 = off); applies to greedy too.
+        repetition_context: how many of the latest tokens the penalty looks at (mlx-lm's 20).
+    Raises:
+        ValueError: a negative or non-finite temperature, a negative top_k or seed, top_p
+            outside (0, 1], min_p outside [0, 1), a repetition penalty <= 0 or a context < 1.
+    """
+
+    def __init__(
+        self,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        repetition_context: int = 20,
+    ):
+        checks = (
+            (temperature >= 0, f"temperature must be >= 0, got {temperature}"),
+            (top_k >= 0, f"top-k must be >= 0, got {top_k}"),
+            (0.0 < top_p <= 1.0, f"top-p must be in (0, 1], got {top_p}"),
+            (0.0 <= min_p < 1.0, f"min-p must be in [0, 1), got {min_p}"),
+            (repetition_penalty > 0, f"repetition penalty must be > 0, got {repetition_penalty}"),
+            (repetition_context >= 1, f"repetition context must be >= 1, got {repetition_context}"),
+            (0 <= seed < 2**64, f"seed must be in [0, 2**64), got {seed}"),
+        )
+        if not all(
+            math.isfinite(float(v)) for v in (temperature, top_p, min_p, repetition_penalty)
+        ):
+            raise ValueError("sampling settings must be finite numbers")
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        self.temperature, self.top_k, self.top_p, self.seed = (
+            float(temperature),
+            int(top_k),
+            float(top_p),
+            int(seed),
+        )
+        self.min_p, self.repetition_penalty = float(min_p), float(repetition_penalty)
+        self.repetition_context = int(repetition_context)
+        self._key = mx.random.key(self.seed)
+        self._context = mx.zeros((0,), dtype=mx.int32)
+
+    @property
+    def greedy(self) -> bool:
+        """True when the choice is argmax."""
+        return self.temperature == 0.0
+
+    def begin(self, prompt_ids) -> None:
+        """Start a generation: the penalty's context becomes the prompt's last tokens."""
+        if self.repetition_penalty != 1.0:
+            self._context = mx.array(list(prompt_ids)[-self.repetition_context :], dtype=mx.int32)
+
+    def __call__(self, logits: mx.array) -> mx.array:
+        """[1, vocab] logits -> [1] token ids (lazy); with a repetition penalty the token
+        joins the context (lazily, so decode stays pipelined)."""
+        if self.repetition_penalty != 1.0:
+            logits = repetition_penalty(
+                logits.astype(mx.float32), self._context, self.repetition_penalty
+            )
+        if self.greedy:
+            token = mx.argmax(logits, axis=-1)
+        else:
+            logits = logits.astype(mx.float32) / self.temperature
+            logits = min_p_mask(top_p_mask(top_k_mask(logits, self.top_k), self.top_p), self.min_p)
+            self._key, key = mx.random.split(self._key)
+            token = mx.random.categorical(logits, axis=-1, key=key)
+        if self.repetition_penalty != 1.0:
+            recent = mx.concatenate([self._context, token.astype(mx.int32).reshape(-1)])
+            self._context = recent[-self.repetition_context :]
+        return token
+
+    def describe(self) -> dict:
+        """The settings, as the JSON documents report them."""
+        return {
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+            "seed": None if self.greedy else self.seed,
+        }
+
+
+def make_sampler(
+    temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, seed=None, temp=None
+) -> Sampler:
+    """A Sampler; ``temp`` is mlx-lm's name for ``temperature``; seed None draws one.
+
+    Raises:
+        ValueError: a bad setting, or both temp and temperature.
+    """
+    if temp is not None:
+        if temperature not in (0.0, None):
+            raise ValueError("give temperature or temp, not both")
+        temperature = temp
+    seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
+    return Sampler(
+        temperature or 0.0, top_k, top_p, seed, min_p=min_p, repetition_penalty=repetition_penalty
+    )
+
+
+__all__ = [
+    "Sampler",
+    "make_sampler",
+    "min_p_mask",
+    "repetition_penalty",
+    "top_k_mask",
+    "top_p_mask",
+]

@@ -1,0 +1,1 @@
+"""The off-graph KV cache: per-layer stores, their layouts and codecs, and cache files."""

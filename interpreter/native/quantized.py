@@ -1,0 +1,114 @@
+"""The native matrix-vector kernels (interpreter/native/: quantized_matvec.cpp for quantized
+weights, half_matvec.h for float16/bfloat16 weights), if the install built them: loading,
+the runtime switch, where each applies, and what the stats say about them.
+
+The kernels are MLX primitives in a nanobind extension of MLX's own nanobind domain, linked
+against libmlx at load: libmlx (already loaded by mlx.core, privately) is made global
+first. Without a compiler, or with ``MLXGRAPH_QUANTIZED_KERNEL=mlx``, QuantizedLinear runs
+on ``mx.quantized_matmul`` and a half-precision Linear on MLX's matmul, and the stats say so.
+"""
+
+import os
+from dataclasses import dataclass
+from functools import cache
+
+import mlx.core as mx
+
+from mlxgraph.interpreter.native.mlx_extension import import_mlx_extension
+
+KERNEL_ENV = "MLXGRAPH_QUANTIZED_KERNEL"    # "mlx": never use the native kernels
+THREADS_ENV = "MLXGRAPH_QUANTIZED_THREADS"  # threads of the native kernel (default: 2 at most)
+# Float32 steps of more rows than this dequantize the weight and take the BLAS matmul
+# (benchmarks/quantized_bench.py: ~10x MLX's CPU quantized_matmul from 8 rows on); the
+# native kernel takes up to its own MAX_ROWS (8) before that.
+PREFILL_ROWS = 4
+# Scales and biases the native kernel reads (a float32 graph's, float16 by default).
+_KERNEL_SCALES = (mx.float32, mx.float16)
+
+
+@dataclass(frozen=True)
+class NativeKernel:
+    """The loaded native kernels, or why there are none (``fn`` None): ``fn`` the quantized
+    product, ``half_fn`` the float16/bfloat16 one."""
+
+    fn: object
+    simd: str
+    threads: int
+    max_rows: int
+    reason: str = ""
+    half_fn: object = None
+    dequantize_fn: object = None
+
+    def describe(self) -> str:
+        """One line for the stats: which kernel a QuantizedLinear runs on."""
+        how = "native dequantize" if self.dequantize_fn is not None else "dequantize"
+        longer = (f"float32 steps of > {max(PREFILL_ROWS, self.max_rows)} rows: {how} + "
+                  "BLAS matmul; otherwise mx.quantized_matmul")
+        if self.fn is None:
+            return f"{longer} ({self.reason})"
+        return (f"native matvec ({self.simd}, {self.threads} threads) for float32 steps of "
+                f"<= {self.max_rows} rows; {longer}")
+
+    def describe_half(self) -> str:
+        """One line for the stats: which kernel a float16/bfloat16 Linear runs on."""
+        if self.half_fn is None:
+            return f"MLX's matmul ({self.reason})"
+        return (f"native half matvec ({self.simd}, {self.threads} threads) for steps of <= "
+                f"{self.max_rows} rows; MLX's matmul otherwise")
+
+    def as_dict(self) -> dict:
+        """JSON-ready: native (bool), simd, threads, max_rows, reason."""
+        return {"native": self.fn is not None, "simd": self.simd, "threads": self.threads,
+                "max_rows": self.max_rows, "reason": self.reason, "kernel": self.describe()}
+
+
+def _absent(reason: str) -> NativeKernel:
+    return NativeKernel(None, "", 0, 0, reason)
+
+
+@cache
+def native_kernel() -> NativeKernel:
+    """The native kernel (loaded once per process), or why it is not used."""
+    if os.environ.get(KERNEL_ENV, "").strip().lower() == "mlx":
+        return _absent(f"{KERNEL_ENV}=mlx")
+    module, reason = import_mlx_extension("_quantized_matvec")
+    if module is None:
+        return _absent(reason)
+    try:
+        threads = int(os.environ.get(THREADS_ENV, "") or min(2, os.cpu_count() or 1))
+    except ValueError:
+        threads = 1
+    module.set_threads(max(1, threads))
+    return NativeKernel(module.quantized_matvec, module.simd(), module.threads(),
+                        module.MAX_ROWS, half_fn=module.half_matvec,
+                        dequantize_fn=module.dequantize)
+
+
+def eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -> bool:
+    """Whether the native kernel computes this product: float32 x, float32 or float16
+    scales, few rows, a group of whole 16-byte blocks (every format bits and group size)."""
+    return (kernel.fn is not None and x.dtype == mx.float32 and scales.dtype in _KERNEL_SCALES
+            and x.ndim >= 1 and 1 <= x.size // max(x.shape[-1], 1) <= kernel.max_rows
+            and (group_size * bits // 8) % 16 == 0)
+
+
+def dequantize_eligible(kernel: NativeKernel, scales, group_size: int, bits: int) -> bool:
+    """Whether the native dequantize takes this weight: float32 or float16 scales, a group of
+    whole 16-byte blocks (the native product's rule)."""
+    return (kernel.dequantize_fn is not None and scales.dtype in _KERNEL_SCALES
+            and (group_size * bits // 8) % 16 == 0)
+
+
+def prefill_sized(x) -> bool:
+    """Whether a float32 product has more rows than PREFILL_ROWS (dequantize + matmul)."""
+    return (x.dtype == mx.float32 and x.ndim >= 1
+            and x.size // max(x.shape[-1], 1) > PREFILL_ROWS)
+
+
+def half_eligible(kernel: NativeKernel, x, weight) -> bool:
+    """Whether the native half kernel computes x @ weight.T: float16 or bfloat16 x and 2-D
+    weight of x's dtype, few rows, a row length that is a multiple of 16."""
+    return (kernel.half_fn is not None and x.dtype in (mx.float16, mx.bfloat16)
+            and weight.dtype == x.dtype and weight.ndim == 2 and x.ndim >= 1
+            and x.shape[-1] == weight.shape[1] and x.shape[-1] % 16 == 0
+            and 1 <= x.size // max(x.shape[-1], 1) <= kernel.max_rows)

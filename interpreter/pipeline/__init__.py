@@ -1,0 +1,1 @@
+"""A graph split over processes (mx.distributed): the plan, the link, the session."""

@@ -1,0 +1,1 @@
+"""A session: one history of a loaded graph, its off-graph state and its step."""
