@@ -10,6 +10,8 @@ __version__ = "0.1.0"
 
 # name -> module that defines it, imported on first access (PEP 562).
 _LAZY = {
+    # Every error mlxgraph raises on purpose is an mlxgraph.Error.
+    "Error": "mlxgraph.schema.errors",
     "GraphFormatError": "mlxgraph.schema.errors",
     "SessionError": "mlxgraph.interpreter.errors",
     "GraphRuntimeError": "mlxgraph.interpreter.errors",

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+from mlxgraph.schema.errors import Error
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -17,7 +19,7 @@ class Problem:
         return f"{self.target}{why} at {self.location} [fx node {self.node}]"
 
 
-class UnsupportedOpsError(Exception):
+class UnsupportedOpsError(Error):
     """The model uses ops the exporter cannot lower; ``problems`` lists all of them."""
 
     def __init__(self, problems):

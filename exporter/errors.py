@@ -1,7 +1,9 @@
 """The export's own errors (the lowering's and the adapter's live with them)."""
 
+from mlxgraph.schema.errors import Error
 
-class ExportError(Exception):
+
+class ExportError(Error):
     """The export cannot start: unknown model, unreadable folder, bad option.
 
     ``option`` names the export() parameter at fault (None when it is not an option), so a
@@ -18,7 +20,7 @@ class ExportError(Exception):
         return text.replace(self.option, names[self.option]) if self.option in names else text
 
 
-class TraceError(Exception):
+class TraceError(Error):
     """torch.export could not trace the adapted model (e.g. data-dependent control flow)."""
 
 

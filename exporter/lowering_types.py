@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from mlxgraph.schema.dtypes import dtype_info
+from mlxgraph.schema.errors import Error
 
 TORCH_DTYPES = {
     torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
@@ -17,7 +18,7 @@ TORCH_DTYPES = {
 }
 
 
-class LoweringError(Exception):
+class LoweringError(Error):
     """This node's arguments cannot be expressed in the graph format."""
 
 

@@ -15,8 +15,10 @@ builds a model for every entry.
 import re
 from dataclasses import dataclass
 
+from mlxgraph.schema.errors import Error
 
-class AdapterError(Exception):
+
+class AdapterError(Error):
     """The model uses an attention feature or layer kind the graph cannot express."""
 
 

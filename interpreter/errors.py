@@ -1,14 +1,16 @@
 """Errors raised while running a graph."""
 
+from mlxgraph.schema.errors import Error
 
-class SessionError(ValueError):
+
+class SessionError(Error, ValueError):
     """A step's inputs are not acceptable (shape, dtype, positions, bounds).
 
     The session is unchanged when this is raised.
     """
 
 
-class GraphRuntimeError(RuntimeError):
+class GraphRuntimeError(Error, RuntimeError):
     """A node failed while building a step; names the file, node index, op and source.
 
     The session is unchanged when this is raised (the step's cache writes are dropped).
@@ -27,18 +29,18 @@ class GraphRuntimeError(RuntimeError):
         super().__init__(f"{self.path}: node {node_index} ({op}){src}: {reason}")
 
 
-class CacheFileError(ValueError):
+class CacheFileError(Error, ValueError):
     """A saved session cache file cannot be used: unreadable, truncated, tampered with, or
     saved from another graph or with another cache policy. Nothing was changed."""
 
 
-class PipelineError(RuntimeError):
+class PipelineError(Error, RuntimeError):
     """A pipeline lost a rank (it died, hung or became unreachable) or cannot be set up.
 
     The pipeline session that raised it cannot continue: every later call raises again.
     """
 
 
-class TokenizerError(Exception):
+class TokenizerError(Error):
     """The graph's tokenizer cannot be loaded, its chat template fails, or a text or a list
     of ids cannot be encoded or decoded with it (one line: which tokenizer and why)."""

@@ -1,7 +1,18 @@
-"""The one error type for a bad graph file."""
+"""mlxgraph's error base, and the one error type for a bad graph file.
+
+Every error mlxgraph raises on purpose is an :class:`Error` (``except mlxgraph.Error``); many
+also keep the built-in type they had before (``ValueError``, ``RuntimeError``, ``OSError``)
+as a second parent, so existing ``except`` clauses still match. The command line maps them
+to the exit codes in README.md ("Exit codes").
+"""
 
 
-class GraphFormatError(Exception):
+class Error(Exception):
+    """The base of every error mlxgraph raises on purpose: a bad file, input or option, a
+    failed step, a refused export. Anything else escaping mlxgraph is a bug."""
+
+
+class GraphFormatError(Error):
     """A graph file is not valid.
 
     Attributes:

@@ -11,7 +11,7 @@ the open descriptor). Opening never blocks: a FIFO, device or folder is refused 
 import os
 import stat
 
-from mlxgraph.schema.errors import GraphFormatError
+from mlxgraph.schema.errors import Error, GraphFormatError
 from mlxgraph.schema.format import MAX_FLATBUFFER_BYTES
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -19,7 +19,7 @@ _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXE
 _FIRST_READ = 1 << 16
 
 
-class NotRegularFileError(OSError):
+class NotRegularFileError(Error, OSError):
     """The path names a folder, FIFO, socket or device rather than a regular file."""
 
 

@@ -10,6 +10,8 @@ other extra entries, as ``ModelInfo.tokenizer_files``.
 
 from pathlib import Path
 
+from mlxgraph.schema.errors import Error
+
 # The files of a Hugging Face folder that make up its tokenizer and its stop tokens.
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -26,7 +28,7 @@ MAX_TOKENIZER_FILE_BYTES = 64 << 20
 EXTRA_PREFIX = "tokenizer_file:"
 
 
-class TokenizerFilesError(Exception):
+class TokenizerFilesError(Error):
     """A folder's tokenizer files cannot be read."""
 
 

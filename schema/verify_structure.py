@@ -17,6 +17,7 @@ the raw bytes.
 
 import struct
 
+from mlxgraph.schema.errors import Error
 from mlxgraph.schema.verify_plans import (
     SCALAR,
     STRING,
@@ -36,7 +37,7 @@ _HH = struct.Struct("<HH").unpack_from
 _U8 = struct.Struct("<B").unpack_from
 
 
-class Bad(Exception):
+class Bad(Error):
     """A structural fault. ``parts`` is the path of fields to it, innermost first."""
 
     def __init__(self, reason: str):

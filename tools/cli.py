@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 
+from mlxgraph.schema.errors import Error
 from mlxgraph.tools.output import escaped_output, fail
 
 # Reports that print names read from a graph file: their output escapes control characters
@@ -60,7 +61,7 @@ def _version() -> str:
         return "(not installed)"
 
 
-class UsageError(Exception):
+class UsageError(Error):
     """A command line argparse refuses: reported in one line, exit 2."""
 
     def __init__(self, prog: str, message: str):

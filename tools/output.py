@@ -8,7 +8,7 @@ import resource
 import sys
 import time
 
-from mlxgraph.schema.errors import GraphFormatError
+from mlxgraph.schema.errors import Error, GraphFormatError
 from mlxgraph.schema.format import format_version
 
 # Version of the JSON documents the tools print (docs/json-output.md); bumped when a key changes
@@ -16,7 +16,7 @@ from mlxgraph.schema.format import format_version
 JSON_VERSION = 1
 
 
-class ToolError(Exception):
+class ToolError(Error):
     """A failure the command reports in one line and exits 2 on (bad usage, unreadable file)."""
 
 

@@ -10,12 +10,13 @@ with another axis, a size computed from the token count...). An op without a rul
 refused: a new op must say how it treats tokens before it can batch.
 """
 
+from mlxgraph.schema.errors import Error
 from mlxgraph.schema.spec import FieldKind
 
 VALUE = FieldKind.VALUE
 
 
-class Mixing(Exception):
+class Mixing(Error):
     """A node would let one row's tokens reach another's (the message says how)."""
 
 

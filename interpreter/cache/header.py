@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 
+from mlxgraph.schema.errors import Error
+
 MAX_INT = 2**31 - 1   # positions, capacities, windows, slots: int32 on the graph's side
 _POLICY = {"capacity", "kv_dtype", "kv_bits", "kv_group_size", "windows", "preallocate",
            "max_step"}
@@ -22,7 +24,7 @@ _STORED = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 PARTS = ("codes", "scales", "biases")
 
 
-class HeaderError(ValueError):
+class HeaderError(Error, ValueError):
     """The header is malformed (the message names the field)."""
 
 

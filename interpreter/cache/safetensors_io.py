@@ -23,6 +23,7 @@ import struct
 import numpy as np
 
 from mlxgraph.schema.atomic_write import write_atomically
+from mlxgraph.schema.errors import Error
 from mlxgraph.schema.file_source import open_regular
 
 MAX_HEADER_BYTES = 16 << 20
@@ -38,7 +39,7 @@ _DTYPES = {
 }
 
 
-class SafetensorsError(ValueError):
+class SafetensorsError(Error, ValueError):
     """The file is not a well-formed safetensors file (the message says what is wrong)."""
 
 

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlxgraph.schema.errors import Error
 
-class CacheError(ValueError):
+
+class CacheError(Error, ValueError):
     """A step, trim or policy a store cannot honour; the store is left unchanged."""
 
 

@@ -48,6 +48,7 @@ from mlxgraph.interpreter.native.blas_router import (
     threads_wanted,
     tiling_wanted,
 )
+from mlxgraph.schema.errors import Error
 
 ENV_VAR = "MLXGRAPH_BLAS"
 PYPI_OPENBLAS = "scipy-openblas32"
@@ -68,7 +69,7 @@ TOO_LATE = "mlx was imported before the preload"
 NEXT_TO_TORCH = "not preloaded: torch is loaded in this process"
 
 
-class BlasError(RuntimeError):
+class BlasError(Error, RuntimeError):
     """The BLAS named by MLXGRAPH_BLAS cannot be used (not found, or no cblas_sgemm)."""
 
 

@@ -20,6 +20,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxgraph.schema.errors import Error
+
 ROUTER_ENV = "MLXGRAPH_BLAS_ROUTER"  # 0/off/none: no matrix-vector or few-row routing
 THREADS_ENV = "MLXGRAPH_BLAS_THREADS"  # "auto", "N", or "N:MIN_WORK" (ThreadPolicy)
 TILE_ENV = "MLXGRAPH_BLAS_TILE"  # 0/off: products of many rows go to the BLAS's sgemm
@@ -32,7 +34,7 @@ _BIND_SYMBOLS = ("cblas_sgemm", "cblas_sgemv", "cblas_dgemm", "cblas_cgemm")
 _HERE = Path(__file__).resolve().parent
 
 
-class RouterError(RuntimeError):
+class RouterError(Error, RuntimeError):
     """The router library exists but cannot be loaded or bound to the target BLAS."""
 
 

@@ -17,11 +17,13 @@ import struct
 
 import numpy as np
 
+from mlxgraph.schema.errors import Error
+
 MAX_CHARSMAP_BYTES = 8 << 20
 MAX_DEPTH = 64  # bytes in one trie key
 
 
-class CharsmapError(ValueError):
+class CharsmapError(Error, ValueError):
     """The charsmap is malformed or can lead the library out of bounds (the message says how)."""
 
 

@@ -15,6 +15,8 @@ import time
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from mlxgraph.schema.errors import Error
+
 MAX_DEPTH = 64  # nesting of a value walked (a cycle through a namespace stops here)
 
 
@@ -29,7 +31,7 @@ class TemplateLimits:
     source_chars: int = 1 << 20  # the template's own text
 
 
-class TemplateLimitError(Exception):
+class TemplateLimitError(Error):
     """A render passed one of its limits (the message says which)."""
 
 

@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass
 
 from mlxgraph.interpreter.text.charsmap_check import CharsmapError, charsmap_growth
+from mlxgraph.schema.errors import Error
 
 MAX_GROWTH = 256  # worst-case tokens per character (and decoded characters per character)
 MAX_NESTING = 32  # components within components
@@ -38,7 +39,7 @@ _DECODERS = {"ByteFallback": 1, "Fuse": 1, "Strip": 1, "Metaspace": 1, "ByteLeve
 _PROCESSORS = {"RobertaProcessing", "BertProcessing", "ByteLevel"}
 
 
-class TokenizerCheckError(ValueError):
+class TokenizerCheckError(Error, ValueError):
     """The tokenizer.json is refused (the message names the field and why)."""
 
 

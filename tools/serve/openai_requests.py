@@ -11,6 +11,8 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from mlxgraph.schema.errors import Error
+
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_TOP_LOGPROBS = 20
@@ -19,7 +21,7 @@ MAX_MESSAGES = 4096
 INERT = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
 
 
-class RequestError(Exception):
+class RequestError(Error):
     """A request refused with an HTTP status and an OpenAI-style error body.
 
     Args:
