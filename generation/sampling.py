@@ -14,6 +14,8 @@ import os
 
 import mlx.core as mx
 
+from mlxgraph.generation.options import OptionError, SamplingOptions
+
 
 def top_k_mask(logits: mx.array, k: int) -> mx.array:
     """Keep the ``k`` largest logits along the last axis; the rest become -inf.
@@ -82,17 +84,13 @@ class Sampler:
     """Chooses the next token from the last position's logits.
 
     Args:
-        temperature: 0 = greedy (argmax); > 0 divides the logits before sampling.
-        top_k: keep only the k most likely tokens (0 = off).
-        top_p: nucleus sampling mass (1.0 = off).
-        seed: starts the key chain (sampling only).
-        min_p: drop tokens below min_p times the top token's probability (0 = off).
-        repetition_penalty: > 1 discourages the last ``repetition_context`` tokens (prompt
-            included), as mlx-lm and transformers do (1.0 = off); applies to greedy too.
-        repetition_context: how many of the latest tokens the penalty looks at (mlx-lm's 20).
+        temperature, top_k, top_p, seed, min_p, repetition_penalty: as
+            :class:`~mlxgraph.generation.options.SamplingOptions` takes them (which checks
+            them), except that a ``seed`` of None is 0 (make_sampler draws one).
+        repetition_context: how many of the latest tokens the penalty looks at (mlx-lm's 20);
+            the penalty applies to greedy choice too, and sees the prompt.
     Raises:
-        ValueError: a negative or non-finite temperature, a negative top_k or seed, top_p
-            outside (0, 1], min_p outside [0, 1), a repetition penalty <= 0 or a context < 1.
+        OptionError (a ValueError): a setting SamplingOptions refuses, or a context < 1.
     """
 
     def __init__(
@@ -105,30 +103,15 @@ class Sampler:
         repetition_penalty: float = 1.0,
         repetition_context: int = 20,
     ):
-        checks = (
-            (temperature >= 0, f"temperature must be >= 0, got {temperature}"),
-            (top_k >= 0, f"top-k must be >= 0, got {top_k}"),
-            (0.0 < top_p <= 1.0, f"top-p must be in (0, 1], got {top_p}"),
-            (0.0 <= min_p < 1.0, f"min-p must be in [0, 1), got {min_p}"),
-            (repetition_penalty > 0, f"repetition penalty must be > 0, got {repetition_penalty}"),
-            (repetition_context >= 1, f"repetition context must be >= 1, got {repetition_context}"),
-            (0 <= seed < 2**64, f"seed must be in [0, 2**64), got {seed}"),
-        )
-        if not all(
-            math.isfinite(float(v)) for v in (temperature, top_p, min_p, repetition_penalty)
-        ):
-            raise ValueError("sampling settings must be finite numbers")
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        o = SamplingOptions(temperature, top_k, top_p, min_p, repetition_penalty, seed)
+        if isinstance(repetition_context, bool) or not isinstance(repetition_context, int) \
+                or repetition_context < 1:
+            raise OptionError("repetition_context", f"must be an integer >= 1, got "
+                              f"{repetition_context!r}")
         self.temperature, self.top_k, self.top_p, self.seed = (
-            float(temperature),
-            int(top_k),
-            float(top_p),
-            int(seed),
-        )
-        self.min_p, self.repetition_penalty = float(min_p), float(repetition_penalty)
-        self.repetition_context = int(repetition_context)
+            o.temperature, o.top_k, o.top_p, o.seed or 0)
+        self.min_p, self.repetition_penalty = o.min_p, o.repetition_penalty
+        self.repetition_context = repetition_context
         self._key = mx.random.key(self.seed)
         self._context = mx.zeros((0,), dtype=mx.int32)
 
@@ -173,22 +156,17 @@ class Sampler:
         }
 
 
-def make_sampler(
-    temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, seed=None, temp=None
-) -> Sampler:
-    """A Sampler; ``temp`` is mlx-lm's name for ``temperature``; seed None draws one.
+def make_sampler(options: SamplingOptions | None = None) -> Sampler:
+    """The Sampler of ``options`` (greedy when None); a seed of None draws one.
 
-    Raises:
-        ValueError: a bad setting, or both temp and temperature.
+    The one way the library, the command line and the server make a sampler.
     """
-    if temp is not None:
-        if temperature not in (0.0, None):
-            raise ValueError("give temperature or temp, not both")
-        temperature = temp
-    seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
-    return Sampler(
-        temperature or 0.0, top_k, top_p, seed, min_p=min_p, repetition_penalty=repetition_penalty
-    )
+    options = options if options is not None else SamplingOptions()
+    seed = options.seed
+    if seed is None:
+        seed = int.from_bytes(os.urandom(4), "little") >> 1
+    return Sampler(options.temperature, options.top_k, options.top_p, seed, min_p=options.min_p,
+                   repetition_penalty=options.repetition_penalty)
 
 
 __all__ = [

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from mlxgraph.generation.defaults import DEFAULT_MAX_TOKENS, DEFAULT_PREFILL_CHUNK
 from mlxgraph.generation.loop import GenerationStats
 from mlxgraph.generation.loop import generate as generate_ids
+from mlxgraph.generation.options import SamplingOptions, SessionOptions
 from mlxgraph.generation.sampling import make_sampler
 from mlxgraph.generation.stop_text import StopText
 from mlxgraph.interpreter.text.tokenizer import TokenizerError
@@ -192,9 +193,10 @@ def stream_generate(
     eos = stop_ids(program, tokenizer, extra_eos, ignore_eos)
     if sampler is not None and sampling:
         raise ValueError(f"give a sampler or sampling settings ({', '.join(sampling)}), not both")
-    sampler = sampler if sampler is not None else make_sampler(**sampling)
+    sampler = sampler if sampler is not None else make_sampler(SamplingOptions.of(**sampling))
     if session is None:
-        session = program.session(capacity=capacity, kv_dtype=kv_dtype, max_step=prefill_chunk)
+        options = SessionOptions(capacity=capacity, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk)
+        session = options.open(program)
     limit = _room(program, session, len(ids), max_tokens)
     stats = stats if stats is not None else GenerationStats()
     decoder = tokenizer.stream_decoder(ids) if tokenizer is not None else None

@@ -11,8 +11,11 @@ import mlx.core as mx
 import pytest
 from serve_helpers import chat_graph
 
+from mlxgraph.generation.options import SamplingOptions, SessionOptions
 from mlxgraph.tools.serve.job import Job
-from mlxgraph.tools.serve.scheduler import Scheduler, ServeOptions
+from mlxgraph.tools.serve.options import ServeOptions
+from mlxgraph.tools.serve.scheduler import Scheduler
+from mlxgraph.tools.text_options import GraphSource
 
 CACHE = 256 << 10  # --cache-memory of this scheduler, in bytes
 
@@ -20,17 +23,27 @@ CACHE = 256 << 10  # --cache-memory of this scheduler, in bytes
 @pytest.fixture(scope="module")
 def scheduler(tmp_path_factory):
     graph = chat_graph(tmp_path_factory.mktemp("serve-memory") / "chat.mlxg")
-    s = Scheduler(ServeOptions(graph=str(graph), cache_bytes=CACHE, prefill_chunk=8))
+    s = Scheduler(ServeOptions(GraphSource(str(graph)), SessionOptions(prefill_chunk=8),
+                               cache_bytes=CACHE))
     s.start()
     yield s
     s.close()
+
+
+def _unchecked(**settings) -> SamplingOptions:
+    """SamplingOptions made without its check, so a bad setting reaches the scheduler (no
+    caller can send one; the Sampler's own check refuses it at admission)."""
+    options = object.__new__(SamplingOptions)
+    for name, value in {**vars(SamplingOptions()), **settings}.items():
+        object.__setattr__(options, name, value)
+    return options
 
 
 def _run(scheduler, prompts, **kind):
     """Submit one job per prompt and wait until each has ended; returns the jobs."""
     tok, done, jobs = scheduler.info.tokenizer, threading.Semaphore(0), []
     for i, prompt in enumerate(prompts):
-        sampling = {"temperature": kind.get("temperature", 0.0), "seed": i}
+        sampling = _unchecked(temperature=kind.get("temperature", 0.0), seed=i)
         job = Job(tok.encode(prompt), kind.get("max_tokens", 6), sampling, kind.get("stop", ()),
                   scheduler.info.stop_ids, kind.get("logprobs"))
         job.post = lambda e: e[0] in ("done", "error") and done.release()

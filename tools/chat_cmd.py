@@ -9,14 +9,9 @@ an answer; Ctrl-D (end of input) ends the chat.
 
 import sys
 
+from mlxgraph.tools.option_table import add_options
 from mlxgraph.tools.output import ToolError, fail, printable
-from mlxgraph.tools.text_options import (
-    add_text_options,
-    check_text_options,
-    make_sampler,
-    make_session,
-    open_program,
-)
+from mlxgraph.tools.text_options import open_session, text_options
 
 HELP = "commands: /regenerate  /reset  /quit  (Ctrl-C stops an answer, Ctrl-D quits)"
 
@@ -24,8 +19,7 @@ HELP = "commands: /regenerate  /reset  /quit  (Ctrl-C stops an answer, Ctrl-D qu
 def add_arguments(p) -> None:
     """Add chat's arguments to its subparser."""
     p.add_argument("graph", help="the .mlxg graph file (its tokenizer needs a chat template)")
-    add_text_options(p)
-    p.set_defaults(ignore_chat_template=False)
+    add_options(p, "chat")
 
 
 def run(args) -> int:
@@ -33,33 +27,36 @@ def run(args) -> int:
     from mlxgraph.interpreter.native.blas import BlasError, preload_blas
 
     try:
-        if args.ignore_chat_template:
-            raise ToolError("--ignore-chat-template: chat needs the chat template")
-        check_text_options(args)
+        options = text_options(args)
         preload_blas()
     except (ToolError, BlasError) as e:
         return fail(f"chat: {e}")
     from mlxgraph.generation.chat_session import ChatSession
+    from mlxgraph.generation.sampling import make_sampler
     from mlxgraph.generation.text import stop_ids
     from mlxgraph.interpreter.text.tokenizer import TokenizerError
 
     try:
-        program, tokenizer = open_program(args, need_tokenizer=True, deadline=True)
+        program, tokenizer = options.source.open(need_tokenizer=True, deadline=True)
         eos = stop_ids(program, tokenizer, args.extra_eos_token, args.ignore_eos)
         chat = ChatSession(
             program,
             tokenizer,
-            make_session(program, args),
+            open_session(program, options.session, args.graph),
             args.system_prompt,
-            sampler=make_sampler(args),
+            sampler=make_sampler(options.sampling),
             stop=args.stop,
             extra_eos=eos,
             ignore_eos=True,
             max_tokens=args.max_tokens,
-            prefill_chunk=args.prefill_chunk,
+            prefill_chunk=options.session.prefill_chunk,
         )
     except (ToolError, TokenizerError) as e:
         return fail(f"chat: {e}")
+    from mlxgraph.tools.generate_report import approximation_lines
+
+    for line in approximation_lines(chat.session.approximations):
+        print(line, file=sys.stderr)
     interactive = sys.stdin.isatty()
     if interactive:
         print(HELP, file=sys.stderr)

@@ -21,6 +21,7 @@ from mlxgraph.tools.generate_report import (
     quantized_stats,
     stats_doc,
 )
+from mlxgraph.tools.option_table import add_options
 from mlxgraph.tools.output import (
     ToolError,
     check_vocab,
@@ -38,13 +39,7 @@ from mlxgraph.tools.pipeline_cli import (
     quiet_unless_first,
     share_seed,
 )
-from mlxgraph.tools.text_options import (
-    add_text_options,
-    check_text_options,
-    make_sampler,
-    make_session,
-    open_program,
-)
+from mlxgraph.tools.text_options import open_session, text_options
 
 
 def add_arguments(p) -> None:
@@ -59,29 +54,7 @@ def add_arguments(p) -> None:
     src.add_argument(
         "--prompt-ids", help="prompt token ids, comma-separated (e.g. 1,2,3), used as they are"
     )
-    add_text_options(p)
-    p.add_argument(
-        "--kv-bits",
-        type=int,
-        choices=(4, 8),
-        default=None,
-        help="store the KV cache quantized to 4 or 8 bits (group-wise affine; default: floats)",
-    )
-    p.add_argument(
-        "--kv-group-size",
-        type=int,
-        choices=(32, 64, 128),
-        default=64,
-        help="elements per quantization group of --kv-bits (default 64)",
-    )
-    p.add_argument(
-        "--window",
-        type=int,
-        default=None,
-        help="keep only the last N tokens on full-attention layers "
-        "(an approximation of the "
-        "model, reported; sliding-window layers keep their own window)",
-    )
+    add_options(p, "generate")
     p.add_argument(
         "--prompt-cache",
         metavar="FILE",
@@ -123,25 +96,26 @@ def run(args) -> int:
     from mlxgraph.interpreter.native.blas import BlasError, preload_blas
 
     try:
-        check_text_options(args)
+        if args.system_prompt is not None and args.ignore_chat_template:
+            raise ToolError("--system-prompt needs the chat template; drop --ignore-chat-template")
+        options = text_options(args)
         check_pipeline_options(args)
-        if args.window is not None and args.window < 1:
-            raise ToolError(f"--window must be >= 1, got {args.window}")
         args.prompt = read_prompt(args)
         blas = preload_blas()  # before anything imports mlx
     except (ToolError, BlasError) as e:
         return fail(f"generate: {e}")
-    return _run(args, blas)
+    return _run(args, options, blas)
 
 
-def _prepare(args):
+def _prepare(args, options):
     """(program, tokenizer, prompt ids, stop ids, session, sampler, chat, prompt cache report);
     raises ToolError."""
+    from mlxgraph.generation.sampling import make_sampler
     from mlxgraph.generation.text import has_full_attention, prompt_to_ids, stop_ids
     from mlxgraph.interpreter.text.tokenizer import TokenizerError
 
     text = args.prompt
-    program, tokenizer = open_program(args, need_tokenizer=text is not None, deadline=True)
+    program, tokenizer = options.source.open(need_tokenizer=text is not None, deadline=True)
     chat = False
     try:
         if text is not None:
@@ -160,14 +134,14 @@ def _prepare(args):
     except TokenizerError as e:
         raise ToolError(str(e)) from None
     check_vocab(ids, program.metadata.vocab_size, args.graph)
-    share_seed(program, args)
-    session = make_session(program, args)
+    sampling = share_seed(program, options.sampling)
+    session = open_session(program, options.session, args.graph)
     if has_full_attention(program, session) and len(ids) > session.capacity:
         raise ToolError(
             f"the prompt has {len(ids)} tokens, more than the KV capacity of "
             f"{session.capacity} (--capacity, or the graph's max context)"
         )
-    sampler = make_sampler(args)
+    sampler = make_sampler(sampling)
     cache_report = None
     if args.prompt_cache:
         from mlxgraph.tools.prompt_cache import load_prompt_cache
@@ -176,7 +150,7 @@ def _prepare(args):
     return program, tokenizer, ids, eos, session, sampler, chat, cache_report
 
 
-def _run(args, blas) -> int:
+def _run(args, options, blas) -> int:
     import mlx.core as mx
 
     from mlxgraph.generation.loop import GenerationStats
@@ -186,7 +160,7 @@ def _run(args, blas) -> int:
     from mlxgraph.interpreter.text.tokenizer import TokenizerError
 
     try:
-        program, tokenizer, ids, eos, session, sampler, chat, cache_report = _prepare(args)
+        program, tokenizer, ids, eos, session, sampler, chat, cache_report = _prepare(args, options)
     except ToolError as e:
         return fail(f"generate: {e}")
     quiet = quiet_unless_first(program)
@@ -221,7 +195,7 @@ def _run(args, blas) -> int:
             ignore_eos=True,
             tokenizer=tokenizer,
             session=session,
-            prefill_chunk=args.prefill_chunk,
+            prefill_chunk=options.session.prefill_chunk,
             stats=stats,
             on_prefilled=on_prefilled,
         ):

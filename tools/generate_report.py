@@ -95,17 +95,18 @@ def print_cache_notes(doc, err) -> None:
             f"to {pc['path']}{note}",
             file=err,
         )
-    windows = doc["kv_cache"]["approximations"]
-    if windows:
-        by_window = {}
-        for lid, w in windows.items():
-            by_window.setdefault(w, []).append(lid)
-        for w, lids in by_window.items():
-            print(
-                f"approximation: full-attention layers {','.join(lids)} keep only the last "
-                f"{w} tokens (--window)",
-                file=err,
-            )
+    for line in approximation_lines(doc["kv_cache"]["approximations"]):
+        print(line, file=err)
+
+
+def approximation_lines(approximations: dict) -> list:
+    """One line per window of a session's ``approximations`` ({layer_id: window}, --window);
+    none when the session computes the model as it is."""
+    by_window = {}
+    for lid, w in approximations.items():
+        by_window.setdefault(w, []).append(str(lid))
+    return [f"approximation: full-attention layers {','.join(lids)} keep only the last "
+            f"{w} tokens (--window)" for w, lids in by_window.items()]
 
 
 def print_compute_note(compute: dict, err) -> None:
@@ -128,4 +129,11 @@ def compute_note(compute: dict) -> str:
     return ""
 
 
-__all__ = ["compute_note", "print_cache_notes", "print_compute_note", "print_stats", "stats_doc"]
+__all__ = [
+    "approximation_lines",
+    "compute_note",
+    "print_cache_notes",
+    "print_compute_note",
+    "print_stats",
+    "stats_doc",
+]

@@ -8,6 +8,7 @@ docs/pipeline.md has the how-to.
 
 import os
 import sys
+from dataclasses import replace
 
 from mlxgraph.tools.output import ToolError
 
@@ -55,13 +56,13 @@ def load_options(args) -> dict:
     return {"pipeline": True, "pipeline_timeout": args.pipeline_timeout}
 
 
-def share_seed(program, args) -> None:
-    """Every rank samples with rank 0's seed (drawn there when --seed is not given)."""
+def share_seed(program, sampling):
+    """``sampling`` with rank 0's seed on every rank (drawn there when --seed is not given)."""
     link = program.link
-    if link is None or link.size == 1 or args.seed is not None:
-        return
+    if link is None or link.size == 1 or sampling.seed is not None:
+        return sampling
     mine = int.from_bytes(os.urandom(4), "little") >> 1
-    args.seed = link.gather([mine])[0][0]
+    return replace(sampling, seed=link.gather([mine])[0][0])
 
 
 def quiet_unless_first(program) -> bool:

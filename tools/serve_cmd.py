@@ -4,8 +4,9 @@ Each request gets its own session over the one loaded Program; one scheduler thr
 them all, interleaved. Needs the ``serve`` extra (starlette, uvicorn).
 """
 
+from mlxgraph.tools.option_table import add_options
 from mlxgraph.tools.output import ToolError, fail, non_negative_int, positive_float, positive_int
-from mlxgraph.tools.text_options import add_element_limit_option
+from mlxgraph.tools.serve.options import ServeOptions
 
 INSTALL_HINT = "needs starlette and uvicorn: pip install 'mlxgraph[serve]'"
 
@@ -18,23 +19,15 @@ def add_arguments(p) -> None:
                    help="port (default 8080; 0 picks a free one, printed at start)")
     p.add_argument("--model-id", help="the model name /v1/models lists (default: the file's "
                    "name without .mlxg)")
-    p.add_argument("--tokenizer", metavar="DIR", help="use this Hugging Face folder's tokenizer")
-    p.add_argument("--max-sessions", type=positive_int, default=16,
-                   help="requests generating at once (default 16)")
-    p.add_argument("--max-queue", type=non_negative_int, default=64,
-                   help="requests waiting for a slot; beyond, 429 (default 64)")
-    p.add_argument("--max-tokens", type=positive_int, default=1024,
-                   help="the most tokens a request may ask for, and the default (1024)")
-    p.add_argument("--capacity", type=positive_int, default=None,
-                   help="KV capacity of each request in tokens (default: the graph's context)")
-    p.add_argument("--prefill-chunk", type=positive_int, default=256,
-                   help="prompt tokens per prefill step, between decode steps (default 256)")
-    p.add_argument("--cache-memory", type=non_negative_int, default=1024, metavar="MIB",
-                   help="MiB of kept sessions for prefix reuse (default 1024; 0 = off)")
-    p.add_argument("--kv-dtype", choices=("float32", "float16", "bfloat16"), default=None,
-                   help="KV cache storage dtype (default: the compute dtype)")
-    p.add_argument("--compute-dtype", choices=("float32",), help="widen float16/bfloat16 at load")
-    add_element_limit_option(p)
+    p.add_argument("--max-sessions", type=positive_int, default=ServeOptions.max_sessions,
+                   help=f"requests generating at once (default {ServeOptions.max_sessions})")
+    p.add_argument("--max-queue", type=non_negative_int, default=ServeOptions.max_queue,
+                   help=f"requests waiting for a slot; beyond, 429 (default "
+                   f"{ServeOptions.max_queue})")
+    p.add_argument("--cache-memory", type=non_negative_int, default=ServeOptions.cache_bytes >> 20,
+                   metavar="MIB", help=f"MiB of kept sessions for prefix reuse (default "
+                   f"{ServeOptions.cache_bytes >> 20}; 0 = off)")
+    add_options(p, "serve")
     p.add_argument("--shutdown-timeout", type=positive_int, default=10,
                    help="seconds streams in flight may take after SIGTERM (default 10)")
     p.add_argument("--tokenize-timeout", type=positive_float, default=5.0, metavar="S",
@@ -44,41 +37,51 @@ def add_arguments(p) -> None:
                    help="info (default) logs one line per request")
 
 
+def serve_options(args):
+    """The server's options from its flags, checked before anything is loaded.
+
+    Raises:
+        ToolError: naming the flag, or a graph path or --tokenizer folder that is not one.
+    """
+    from mlxgraph.tools.text_options import GraphSource, session_options
+
+    session = session_options(args)
+    source = GraphSource.of(args)
+    source.check()
+    return ServeOptions(source, session, max_tokens=args.max_tokens,
+                        max_sessions=args.max_sessions, max_queue=args.max_queue,
+                        cache_bytes=args.cache_memory << 20)
+
+
 def run(args) -> int:
     """Serve until SIGTERM/SIGINT; returns 0 (SIGTERM), 2 (bad input), 130 (SIGINT)."""
     import importlib.util
     import logging
+    import sys
     from pathlib import Path
 
     from mlxgraph.interpreter.native.blas import BlasError, preload_blas
-    from mlxgraph.tools.file_kind import graph_path_problem
 
     if any(importlib.util.find_spec(m) is None for m in ("starlette", "uvicorn")):
         return fail(f"serve: {INSTALL_HINT}")
-    problem = graph_path_problem(args.graph)
-    if problem:
-        return fail(f"serve: {problem}")
-    if args.tokenizer is not None and not Path(args.tokenizer).is_dir():
-        return fail(f"serve: --tokenizer: {args.tokenizer}: not a folder")
     try:
+        options = serve_options(args)
         preload_blas()
-    except BlasError as e:
+    except (ToolError, BlasError) as e:
         return fail(f"serve: {e}")
-    from mlxgraph.tools.serve.scheduler import Scheduler, ServeOptions
+    from mlxgraph.tools.generate_report import approximation_lines
+    from mlxgraph.tools.serve.scheduler import Scheduler
     from mlxgraph.tools.serve.server import bind, serve
 
     logging.basicConfig(format="mlxgraph serve: %(message)s",
                         level=getattr(logging, args.log_level.upper()))
-    options = ServeOptions(
-        graph=args.graph, tokenizer=args.tokenizer, compute_dtype=args.compute_dtype,
-        kv_dtype=args.kv_dtype, capacity=args.capacity, max_tokens=args.max_tokens,
-        max_sessions=args.max_sessions, max_queue=args.max_queue,
-        prefill_chunk=args.prefill_chunk, cache_bytes=args.cache_memory << 20)
     scheduler = Scheduler(options)
     try:
-        scheduler.start()
+        info = scheduler.start()
     except ToolError as e:
         return fail(f"serve: {e}")
+    for line in approximation_lines(info.approximations):
+        print(f"mlxgraph serve: {line}", file=sys.stderr, flush=True)
     try:
         sock = bind(args.host, args.port)
     except OSError as e:

@@ -1,255 +1,161 @@
-"""The options `generate` and `chat` share (tokenizer, chat template, stopping, sampling, cache)
-and turning them into a program, tokenizer, sampler and session.
+"""From the parsed text options (tools/option_table.py) to what the library takes: the graph
+to open (``GraphSource``), ``SessionOptions`` and ``SamplingOptions`` (generation/options.py).
 
-Nothing here imports mlx at module level (the CLI builds its parser before the BLAS
-preload); ``open_program`` and ``make_session`` import it.
+This is the command line's edge: past it, nothing reads an argparse namespace. A bad value
+is a ToolError naming the flag. Nothing here imports mlx at module level (the CLI builds
+its parser before the BLAS preload); ``GraphSource.open`` and ``open_session`` import it.
 """
 
-import math
+from dataclasses import dataclass, fields
+from pathlib import Path
 
-from mlxgraph.generation.defaults import DEFAULT_MAX_TOKENS, DEFAULT_PREFILL_CHUNK
+from mlxgraph.generation.options import OptionError, SamplingOptions, SessionOptions
 from mlxgraph.tools.file_kind import graph_path_problem
-from mlxgraph.tools.output import (
-    ToolError,
-    non_negative_float,
-    non_negative_int,
-    positive_int,
-    probability_mass,
-)
+from mlxgraph.tools.output import ToolError
 
 
-def add_text_options(p) -> None:
-    """Tokenizer, chat template, stopping, sampling and cache options."""
-    p.add_argument(
-        "--tokenizer",
-        metavar="DIR",
-        help="use this Hugging Face folder's tokenizer "
-        "(tokenizer.json, tokenizer_config.json, generation_config.json) instead of the graph's",
-    )
-    p.add_argument("--system-prompt", help="a system message before the prompt (chat template)")
-    p.add_argument(
-        "--ignore-chat-template",
-        action="store_true",
-        help="encode the prompt as it is, even when the tokenizer has a chat template",
-    )
-    p.add_argument(
-        "--max-tokens",
-        type=positive_int,
-        default=DEFAULT_MAX_TOKENS,
-        help=f"most tokens to generate (default {DEFAULT_MAX_TOKENS})",
-    )
-    p.add_argument(
-        "--stop",
-        action="append",
-        default=[],
-        metavar="TEXT",
-        help="stop when the text contains TEXT (not printed); repeatable",
-    )
-    p.add_argument(
-        "--extra-eos-token",
-        action="append",
-        default=[],
-        metavar="TOKEN",
-        help="one more token (text or id) that ends generation; repeatable",
-    )
-    p.add_argument(
-        "--ignore-eos", action="store_true", help="do not stop at the model's EOS tokens"
-    )
-    p.add_argument(
-        "--temperature",
-        "--temp",
-        type=non_negative_float,
-        default=0.0,
-        dest="temperature",
-        help="0 = greedy (default); > 0 samples (--temp is mlx-lm's name)",
-    )
-    p.add_argument(
-        "--top-k",
-        type=non_negative_int,
-        default=0,
-        help="sample among the k most likely tokens (0 = off)",
-    )
-    p.add_argument(
-        "--top-p", type=probability_mass, default=1.0, help="nucleus sampling mass (1.0 = off)"
-    )
-    p.add_argument(
-        "--min-p",
-        type=float,
-        default=0.0,
-        help="drop tokens below min-p times the top token's probability (0 = off)",
-    )
-    p.add_argument(
-        "--repetition-penalty",
-        type=float,
-        default=1.0,
-        help="> 1 discourages the last 20 tokens, as mlx-lm does (1.0 = off)",
-    )
-    p.add_argument(
-        "--seed",
-        type=non_negative_int,
-        default=None,
-        help="random seed for sampling (default: random, reported)",
-    )
-    p.add_argument(
-        "--capacity",
-        type=positive_int,
-        default=None,
-        help="KV cache capacity in tokens (default: the graph's max context)",
-    )
-    p.add_argument(
-        "--prefill-chunk",
-        type=positive_int,
-        default=DEFAULT_PREFILL_CHUNK,
-        help=f"prompt tokens per prefill step (default {DEFAULT_PREFILL_CHUNK})",
-    )
-    p.add_argument(
-        "--kv-dtype",
-        choices=("float32", "float16", "bfloat16"),
-        default=None,
-        help="KV cache storage dtype (default: the compute dtype)",
-    )
-    p.add_argument(
-        "--compute-dtype", choices=("float32",), help="widen float16/bfloat16 at load"
-    )
-    add_element_limit_option(p)
+def _flag(e: OptionError) -> ToolError:
+    """The option's error, naming the flag that set it (``top_p`` -> ``--top-p``)."""
+    return ToolError(f"--{e.option.replace('_', '-')} {e.requirement}")
 
 
-def add_element_limit_option(p) -> None:
-    """--element-limit: raise the per-tensor cost bound a load checks (schema/verify_bounds)."""
-    from mlxgraph.tools.output import positive_count
-
-    p.add_argument("--element-limit", type=positive_count, default=None, metavar="N",
-                   help="the most elements a tensor of a step may have (default: the file's "
-                   "own bound; export names the value a large model needs)")
-
-
-def check_text_options(args) -> None:
-    """Refuse bad values before anything is loaded.
+def session_options(args) -> SessionOptions:
+    """The session flags (--capacity, --prefill-chunk, --kv-dtype, --kv-bits,
+    --kv-group-size, --window), checked.
 
     Raises:
         ToolError: naming the flag.
     """
-    checks = (
-        (args.max_tokens >= 1, f"--max-tokens must be >= 1, got {args.max_tokens}"),
-        (args.prefill_chunk >= 1, f"--prefill-chunk must be >= 1, got {args.prefill_chunk}"),
-        (
-            args.capacity is None or args.capacity >= 1,
-            f"--capacity must be >= 1, got {args.capacity}",
-        ),
-        (
-            math.isfinite(args.temperature) and args.temperature >= 0,
-            f"--temperature must be a number >= 0, got {args.temperature}",
-        ),
-        (args.top_k >= 0, f"--top-k must be >= 0, got {args.top_k}"),
-        (0.0 < args.top_p <= 1.0, f"--top-p must be in (0, 1], got {args.top_p}"),
-        (0.0 <= args.min_p < 1.0, f"--min-p must be in [0, 1), got {args.min_p}"),
-        (
-            math.isfinite(args.repetition_penalty) and args.repetition_penalty > 0,
-            f"--repetition-penalty must be a number > 0, got {args.repetition_penalty}",
-        ),
-        (all(args.stop), "--stop: a stop string must not be empty"),
-        (
-            not (args.system_prompt is not None and args.ignore_chat_template),
-            "--system-prompt needs the chat template; drop --ignore-chat-template",
-        ),
-    )
-    for ok, message in checks:
-        if not ok:
-            raise ToolError(message)
-    problem = graph_path_problem(args.graph)
-    if problem:
-        raise ToolError(problem)
-    if args.tokenizer is not None:
-        from pathlib import Path
-
-        if not Path(args.tokenizer).is_dir():
-            raise ToolError(f"--tokenizer: {args.tokenizer}: not a folder")
+    try:
+        return SessionOptions(**{f.name: getattr(args, f.name) for f in fields(SessionOptions)})
+    except OptionError as e:
+        raise _flag(e) from None
 
 
-def open_program(args, need_tokenizer: bool, deadline: bool = False):
-    """(program, tokenizer or None) for the graph and --tokenizer; ``deadline``: a command's
-    (tools/command_deadline.py: encode and the chat template in a worker process).
+def sampling_options(args) -> SamplingOptions:
+    """The sampling flags (--temperature, --top-k, --top-p, --min-p, --repetition-penalty,
+    --seed), checked.
 
     Raises:
-        ToolError: the graph cannot be loaded, or the tokenizer when ``need_tokenizer``.
+        ToolError: naming the flag.
     """
-    from mlxgraph.interpreter.errors import PipelineError
-    from mlxgraph.interpreter.program import Program
-    from mlxgraph.interpreter.text.tokenizer import TokenizerError, load_tokenizer
-    from mlxgraph.schema.errors import GraphFormatError
-    from mlxgraph.tools.pipeline_cli import load_options
-
     try:
-        program = Program.load(args.graph, compute_dtype=getattr(args, "compute_dtype", None),
-                               element_limit=getattr(args, "element_limit", None),
-                               **load_options(args))
-    except (GraphFormatError, PipelineError) as e:
-        raise ToolError(str(e)) from None
-    except OSError as e:
-        raise ToolError(f"{args.graph}: cannot read ({e.strerror or e})") from None
-    try:
-        tokenizer = load_tokenizer(program.metadata, folder=args.tokenizer)
-    except TokenizerError as e:
-        if need_tokenizer:
-            where = "--tokenizer" if args.tokenizer is not None else args.graph
-            raise ToolError(f"{where}: {e}") from None
-        tokenizer = None
-    if deadline:
-        from mlxgraph.tools.command_deadline import with_deadline
-
-        tokenizer = with_deadline(tokenizer)
-    return program, tokenizer
+        return SamplingOptions(**{f.name: getattr(args, f.name) for f in fields(SamplingOptions)})
+    except OptionError as e:
+        raise _flag(e) from None
 
 
-def make_sampler(args):
-    """The Sampler of the sampling flags (a random seed, reported, when none is given).
+@dataclass(frozen=True)
+class GraphSource:
+    """The graph file to load and how: --tokenizer DIR, --compute-dtype, --element-limit,
+    and a pipeline rank's load options (generate --pipeline)."""
+
+    graph: str
+    tokenizer: str | None = None
+    compute_dtype: str | None = None
+    element_limit: int | None = None
+    pipeline: bool = False
+    pipeline_timeout: float | None = None
+
+    @classmethod
+    def of(cls, args) -> "GraphSource":
+        """The source the command line names (GRAPH and its load flags)."""
+        from mlxgraph.tools.pipeline_cli import load_options
+
+        return cls(args.graph, args.tokenizer, args.compute_dtype, args.element_limit,
+                   **load_options(args))
+
+    def check(self) -> None:
+        """Refuse a graph path that is not a graph file, or a tokenizer that is not a folder.
+
+        Raises:
+            ToolError: saying which.
+        """
+        problem = graph_path_problem(self.graph)
+        if problem:
+            raise ToolError(problem)
+        if self.tokenizer is not None and not Path(self.tokenizer).is_dir():
+            raise ToolError(f"--tokenizer: {self.tokenizer}: not a folder")
+
+    def open(self, need_tokenizer: bool, deadline: bool = False):
+        """(program, tokenizer or None); ``deadline``: a command's (tools/command_deadline.py:
+        encode and the chat template in a worker process).
+
+        Raises:
+            ToolError: the graph cannot be loaded, or the tokenizer when ``need_tokenizer``.
+        """
+        from mlxgraph.interpreter.errors import PipelineError
+        from mlxgraph.interpreter.program import Program
+        from mlxgraph.interpreter.text.tokenizer import TokenizerError, load_tokenizer
+        from mlxgraph.schema.errors import GraphFormatError
+
+        pipeline = {"pipeline": True, "pipeline_timeout": self.pipeline_timeout} \
+            if self.pipeline else {}
+        try:
+            program = Program.load(self.graph, compute_dtype=self.compute_dtype,
+                                   element_limit=self.element_limit, **pipeline)
+        except (GraphFormatError, PipelineError) as e:
+            raise ToolError(str(e)) from None
+        except OSError as e:
+            raise ToolError(f"{self.graph}: cannot read ({e.strerror or e})") from None
+        try:
+            tokenizer = load_tokenizer(program.metadata, folder=self.tokenizer)
+        except TokenizerError as e:
+            if need_tokenizer:
+                where = "--tokenizer" if self.tokenizer is not None else self.graph
+                raise ToolError(f"{where}: {e}") from None
+            tokenizer = None
+        if deadline:
+            from mlxgraph.tools.command_deadline import with_deadline
+
+            tokenizer = with_deadline(tokenizer)
+        return program, tokenizer
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    """What `generate` and `chat` run with: the graph, the session and the sampling."""
+
+    source: GraphSource
+    session: SessionOptions
+    sampling: SamplingOptions
+
+
+def text_options(args) -> TextOptions:
+    """The checked options of `generate` or `chat`, refused before anything is loaded.
 
     Raises:
-        ToolError: a bad setting.
+        ToolError: naming the flag (a bad value, an empty --stop), or a graph path that is
+            not a graph file, or a --tokenizer that is not a folder.
     """
-    from mlxgraph.generation.sampling import make_sampler as build
-
-    try:
-        return build(
-            args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty, args.seed
-        )
-    except ValueError as e:
-        raise ToolError(str(e)) from None
+    session, sampling = session_options(args), sampling_options(args)
+    if not all(args.stop):
+        raise ToolError("--stop: a stop string must not be empty")
+    source = GraphSource.of(args)
+    source.check()
+    return TextOptions(source, session, sampling)
 
 
-def make_session(program, args):
-    """A session with --capacity, --kv-dtype, --prefill-chunk, and generate's --window,
-    --kv-bits and --kv-group-size.
+def open_session(program, options: SessionOptions, graph):
+    """A new session of ``program`` with ``options``.
 
     Raises:
-        ToolError: a setting the graph cannot honour.
+        ToolError: a setting the graph cannot honour, naming ``graph``.
     """
     from mlxgraph.interpreter.cache.kv_cache import CacheError
     from mlxgraph.interpreter.errors import SessionError
 
-    windows, window = None, getattr(args, "window", None)
-    if window is not None:  # full-attention layers only: a sliding layer's window is its math
-        windows = {lid: lc.sliding_window or window for lid, lc in program.layers.items()}
     try:
-        return program.session(
-            capacity=args.capacity,
-            kv_dtype=args.kv_dtype,
-            max_step=args.prefill_chunk,
-            windows=windows,
-            kv_bits=getattr(args, "kv_bits", None) or 0,
-            kv_group_size=getattr(args, "kv_group_size", 64),
-        )
+        return options.open(program)
     except (SessionError, CacheError) as e:
-        raise ToolError(f"{args.graph}: {e}") from None
+        raise ToolError(f"{graph}: {e}") from None
 
 
 __all__ = [
-    "DEFAULT_MAX_TOKENS",
-    "DEFAULT_PREFILL_CHUNK",
-    "add_element_limit_option",
-    "add_text_options",
-    "check_text_options",
-    "make_sampler",
-    "make_session",
-    "open_program",
+    "GraphSource",
+    "TextOptions",
+    "open_session",
+    "sampling_options",
+    "session_options",
+    "text_options",
 ]

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import fields
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -19,6 +20,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from mlxgraph.generation.options import OptionError, SamplingOptions
 from mlxgraph.tools.serve.job import Job
 from mlxgraph.tools.serve.openai_requests import (
     RequestError,
@@ -92,8 +94,11 @@ class Handlers:
         if req.max_tokens is not None and req.max_tokens > self.max_tokens:
             raise RequestError(f"'max_tokens' {req.max_tokens} is over this server's limit "
                                f"of {self.max_tokens}", "max_tokens")
-        sampling = {k: getattr(req, k) for k in ("temperature", "top_k", "top_p", "min_p",
-                                                 "repetition_penalty", "seed")}
+        try:  # the request's fields are checked already; this is the library's own check
+            sampling = SamplingOptions(**{f.name: getattr(req, f.name)
+                                          for f in fields(SamplingOptions)})
+        except OptionError as e:
+            raise RequestError(str(e), e.option) from None
         return Job(ids, req.max_tokens or self.max_tokens, sampling, req.stop,
                    () if req.ignore_eos else self.info.stop_ids, req.logprobs)
 

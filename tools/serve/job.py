@@ -21,7 +21,7 @@ class Job:
     Args:
         ids: the prompt's token ids (at least one).
         max_tokens: the most tokens to generate (the scheduler may lower it to the capacity).
-        sampling: Sampler keywords (temperature, top_k, top_p, min_p, repetition_penalty, seed).
+        sampling: its SamplingOptions (generation/options.py).
         stop: stop strings; stop_ids: token ids that end generation.
         logprobs: None, or how many top alternatives to report per token (0: the chosen only).
         post: ``fn(event)`` the scheduler calls (from its thread) to deliver an event.
@@ -32,7 +32,7 @@ class Job:
         self.number = next(_ids)
         self.ids = list(ids)
         self.max_tokens = int(max_tokens)
-        self.sampling = dict(sampling)
+        self.sampling = sampling
         self.stop, self.stop_ids, self.logprobs = tuple(stop), frozenset(stop_ids), logprobs
         self.post = post or (lambda event: None)
         self.cancelled = False

@@ -20,24 +20,9 @@ import threading
 from dataclasses import dataclass
 
 from mlxgraph.tools.serve.openai_requests import RequestError
+from mlxgraph.tools.serve.options import ServeOptions
 
 log = logging.getLogger("mlxgraph.serve")
-
-
-@dataclass
-class ServeOptions:
-    """What the server allows and how it runs (``mlxgraph serve`` flags)."""
-
-    graph: str
-    tokenizer: str | None = None
-    compute_dtype: str | None = None
-    kv_dtype: str | None = None
-    capacity: int | None = None  # KV capacity of each request (None: the graph's context)
-    max_tokens: int = 1024  # the most tokens one request may ask for
-    max_sessions: int = 16  # requests generating at once
-    max_queue: int = 64  # requests waiting for a slot; more get 429
-    prefill_chunk: int = 256
-    cache_bytes: int = 1 << 30  # kept sessions' KV budget (0: no prefix reuse)
 
 
 @dataclass
@@ -49,6 +34,7 @@ class ModelInfo:
     vocab_size: int
     capacity: int
     full_attention: bool
+    approximations: dict  # {layer_id: window} of full-attention layers under --window
 
 
 class Scheduler:
@@ -150,31 +136,28 @@ class Scheduler:
         from mlxgraph.tools.output import ToolError
         from mlxgraph.tools.serve.prefix_cache import PrefixCache
         from mlxgraph.tools.serve.stepping import Stepper
-        from mlxgraph.tools.text_options import open_program
+        from mlxgraph.tools.text_options import open_session
 
         opts = self.options
-        args = _Args(graph=opts.graph, tokenizer=opts.tokenizer, compute_dtype=opts.compute_dtype)
-        program, tokenizer = open_program(args, need_tokenizer=False)
+        program, tokenizer = opts.source.open(need_tokenizer=False)
         self._program = program
-        probe = self._new_session()
+        probe = open_session(program, opts.session, opts.source.graph)  # ToolError: exit 2
         try:
             eos = stop_ids(program, tokenizer)
         except Exception as e:  # noqa: BLE001 - a bad EOS list in the file
-            raise ToolError(f"{opts.graph}: {e}") from None
+            raise ToolError(f"{opts.source.graph}: {e}") from None
         self.info = ModelInfo(tokenizer, eos, program.metadata.vocab_size, probe.capacity,
-                              has_full_attention(program, probe))
+                              has_full_attention(program, probe), dict(probe.approximations))
         self._cache = PrefixCache(opts.cache_bytes)
-        self._stepper = Stepper(opts.prefill_chunk, self.counters)
+        self._stepper = Stepper(opts.session.prefill_chunk, self.counters)
 
     def _new_session(self):
         from mlxgraph.tools.output import ToolError
-        from mlxgraph.tools.text_options import make_session
+        from mlxgraph.tools.text_options import open_session
 
         opts = self.options
-        args = _Args(graph=opts.graph, capacity=opts.capacity, kv_dtype=opts.kv_dtype,
-                     prefill_chunk=opts.prefill_chunk)
         try:
-            return make_session(self._program, args)
+            return open_session(self._program, opts.session, opts.source.graph)
         except ToolError as e:
             raise RequestError(str(e), status=500, kind="server_error") from None
 
@@ -248,12 +231,4 @@ class Scheduler:
         job.release()
 
 
-class _Args:
-    """The attribute bag text_options' helpers read (as argparse would give it)."""
-
-    def __init__(self, **kw):
-        self.__dict__.update({"tokenizer": None, "capacity": None, "kv_dtype": None,
-                              "prefill_chunk": 256, "compute_dtype": None, **kw})
-
-
-__all__ = ["ModelInfo", "Scheduler", "ServeOptions"]
+__all__ = ["ModelInfo", "Scheduler"]

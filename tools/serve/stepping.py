@@ -32,15 +32,11 @@ class Stepper:
             self.counters.setdefault(key, 0)
 
     def begin(self, job, session, reused: int, info) -> None:
-        """Attach a session holding ``reused`` prompt tokens and set up sampling and text.
-
-        Raises:
-            ValueError: a bad sampling setting.
-        """
+        """Attach a session holding ``reused`` prompt tokens and set up sampling and text."""
         job.session, job.fed, job.cached = session, reused, reused
         room = session.capacity - len(job.ids) + 1 if info.full_attention else job.max_tokens
         job.limit = max(1, min(job.max_tokens, room))
-        job.sampler = make_sampler(**job.sampling)
+        job.sampler = make_sampler(job.sampling)
         job.sampler.begin(job.ids)
         tok = info.tokenizer
         job.decoder = tok.stream_decoder(job.ids) if tok is not None else None
