@@ -2,6 +2,7 @@
 
 loop.py is the token loop (chunked prefill, pipelined decode, stats); text.py is text in,
 text out (``generate``, ``stream_generate``); chat_session.py is ``ChatSession``;
-sampling.py and stop_text.py are its parts. The CLI (tools/) and the server
+sampling.py and stop_text.py are its parts; options.py holds its typed options
+(``SessionOptions``, ``SamplingOptions``), checked once. The CLI (tools/) and the server
 (tools/serve/) call it; it never reads command-line arguments.
 """

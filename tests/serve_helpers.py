@@ -30,9 +30,10 @@ CORPUS = [
 ]
 
 
-def chat_graph(path, template=TEMPLATE):
+def chat_graph(path, template=TEMPLATE, **shape):
     """A synthetic Llama graph carrying a trained byte-level BPE tokenizer with a chat
-    template (vocabulary = the tokenizer's, so every id decodes). No torch."""
+    template (vocabulary = the tokenizer's, so every id decodes). No torch. ``shape``: more
+    of synthetic_graphs.llama's arguments (heads=1, kv_heads=1: a head dim of 64)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -44,7 +45,7 @@ def chat_graph(path, template=TEMPLATE):
     config = {"bos_token": "<s>", "eos_token": "<|im_end|>", "chat_template": template}
     files = {"tokenizer.json": tok.to_str(), "tokenizer_config.json": json.dumps(config)}
     return synthetic_graph(path, eos=(tok.token_to_id("<|im_end|>"),), tokenizer="embedded",
-                           vocab=tok.get_vocab_size(), files=files)
+                           vocab=tok.get_vocab_size(), files=files, **shape)
 
 
 class Server:

@@ -29,11 +29,13 @@ def exported_tiny_llama(tmp_path_factory, dtypes=("float32", "float16")) -> dict
     }
 
 
-def synthetic_graph(path, eos=(255,), tokenizer="byte", vocab=256, files=None):
-    """A small synthetic Llama graph (seeded random weights) with the given metadata."""
+def synthetic_graph(path, eos=(255,), tokenizer="byte", vocab=256, files=None, **shape):
+    """A small synthetic Llama graph (seeded random weights) with the given metadata;
+    ``shape``: more of synthetic_graphs.llama's arguments (heads, kv_heads...)."""
     from synthetic_graphs import llama
 
-    spec = llama(vocab=vocab, hidden=64, intermediate=128, seed=0, tied=False, max_context=256)
+    spec = llama(vocab=vocab, hidden=64, intermediate=128, seed=0, tied=False, max_context=256,
+                 **shape)
     spec.metadata.eos_token_ids = tuple(eos)
     spec.metadata.tokenizer = str(tokenizer)
     spec.metadata.tokenizer_files = dict(files or {})
