@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 from mlxgraph.generation.defaults import DEFAULT_PREFILL_CHUNK
+from mlxgraph.schema.errors import Error
 
 KV_DTYPES = ("float32", "float16", "bfloat16")
 KV_BITS = (4, 8)
@@ -24,8 +25,8 @@ DEFAULT_KV_GROUP_SIZE = 64
 MAX_COUNT = 2**31 - 1
 
 
-class OptionError(ValueError):
-    """A generation option with a bad value.
+class OptionError(Error, ValueError):
+    """A generation option with a bad value (a ValueError too).
 
     Attributes:
         option: the field's name (``top_p``); requirement: what it must be, and what it was.
