@@ -23,6 +23,7 @@ _LAZY = {
     "BlasError": "mlxgraph.interpreter.native.blas",
     "BlasInfo": "mlxgraph.interpreter.native.blas",
     "BlasPreloadWarning": "mlxgraph.interpreter.native.blas",
+    "KnobError": "mlxgraph.interpreter.knobs",
     "blas_in_use": "mlxgraph.interpreter.native.blas",
     "preload_blas": "mlxgraph.interpreter.native.blas",
     "TokenizerError": "mlxgraph.interpreter.text.tokenizer",
@@ -54,7 +55,10 @@ def load(path, element_limit=None, compute_dtype=None, pipeline=None, pipeline_t
     Raises:
         mlxgraph.GraphFormatError: the file is not a valid graph file, could cost more than
             the limit per step, or uses an op this version cannot run.
-        mlxgraph.BlasError: ``MLXGRAPH_BLAS`` names a library that cannot be used.
+        mlxgraph.BlasError: ``MLXGRAPH_BLAS`` names a library that cannot be used, or an
+            ``MLXGRAPH_BLAS*`` knob holds a value it does not take.
+        mlxgraph.KnobError: another ``MLXGRAPH_*`` knob holds a value it does not take
+            (docs/knobs.md).
         mlxgraph.PipelineError: the pipeline's ranks cannot connect.
         ValueError: an unsupported ``compute_dtype``, ``pipeline`` or timeout.
     """

@@ -36,7 +36,7 @@ def test_every_package_exception_is_an_mlxgraph_error():
 @pytest.mark.parametrize("name, old_base", [
     ("SessionError", ValueError), ("CacheError", ValueError), ("CacheFileError", ValueError),
     ("GraphRuntimeError", RuntimeError), ("PipelineError", RuntimeError),
-    ("BlasError", RuntimeError), ("GraphFormatError", Exception),
+    ("BlasError", RuntimeError), ("KnobError", ValueError), ("GraphFormatError", Exception),
     ("TokenizerError", Exception),
 ])
 def test_public_errors_keep_their_old_parents(name, old_base):

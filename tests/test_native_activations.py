@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from mlxgraph.interpreter.kernels.elementwise import silu as silu_kernel
+from mlxgraph.interpreter.knobs import NATIVE_ACTIVATIONS
 from mlxgraph.interpreter.native import activations as na
 
 NATIVE = na.native_module()
@@ -22,7 +23,7 @@ needs_native = pytest.mark.skipif(NATIVE is None, reason="native activations not
 
 
 def test_built_where_a_compiler_is():
-    if HAS_CXX and os.environ.get(na.SWITCH_ENV, "1") not in ("0", "off"):
+    if HAS_CXX and NATIVE_ACTIVATIONS.read():
         assert NATIVE is not None, "a C++ compiler is present but the install did not build it"
 
 
@@ -111,7 +112,7 @@ def test_switch_off_takes_mlx_ops():
         "same.append(mx.array_equal(rope(q, k, v), q * k + rot * v))\n"
         "print(all(bool(s) for s in same), na.native_module() is None, na.describe())\n"
     )
-    env = dict(os.environ, **{na.SWITCH_ENV: "0"})
+    env = dict(os.environ, **{NATIVE_ACTIVATIONS.name: "0"})
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -11,12 +11,8 @@ import numpy as np
 import pytest
 
 from mlxgraph.interpreter.kernels.quantized import quantized_linear
-from mlxgraph.interpreter.native.quantized import (
-    KERNEL_ENV,
-    eligible,
-    half_eligible,
-    native_kernel,
-)
+from mlxgraph.interpreter.knobs import QUANTIZED_KERNEL
+from mlxgraph.interpreter.native.quantized import eligible, half_eligible, native_kernel
 
 NATIVE = native_kernel()
 # The install builds the kernel wherever a C++ compiler is (this machine has one); a
@@ -161,10 +157,10 @@ def test_the_kernel_gives_the_dequantized_product_on_both_paths():
 def test_switching_the_native_kernel_off():
     code = ("from mlxgraph.interpreter.native.quantized import native_kernel; "
             "print(native_kernel().describe())")
-    env = {**os.environ, KERNEL_ENV: "mlx"}
+    env = {**os.environ, QUANTIZED_KERNEL.name: "mlx"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout
-    assert out.strip().endswith(f"otherwise mx.quantized_matmul ({KERNEL_ENV}=mlx)")
+    assert out.strip().endswith(f"otherwise mx.quantized_matmul ({QUANTIZED_KERNEL.name}=mlx)")
     assert not out.startswith("native")
 
 

@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 
+from mlxgraph.interpreter.knobs import KnobError
 from mlxgraph.schema.errors import Error
 from mlxgraph.tools.output import escaped_output, fail
 
@@ -113,6 +114,8 @@ def main(argv=None) -> int:
             with escaped_output():
                 return int(_load(args.command).run(args) or 0)
         return int(_load(args.command).run(args) or 0)
+    except KnobError as e:  # an MLXGRAPH_* variable, bad for any command (docs/knobs.md)
+        return fail(f"{args.command}: {e}")
     except KeyboardInterrupt:
         print("\nmlxgraph: interrupted", file=sys.stderr)
         return 130

@@ -11,11 +11,8 @@ before its first answer); one without, or a byte-level tokenizer, is used as it 
 Python API has no deadline.
 """
 
-import os
-
+from mlxgraph.interpreter.knobs import TOKENIZER_DEADLINE
 from mlxgraph.tools.tokenize_process import TokenizerProcess
-
-COMMAND_SECONDS = float(os.environ.get("MLXGRAPH_TOKENIZER_DEADLINE", "60"))
 
 
 class DeadlinedTokenizer:
@@ -23,9 +20,9 @@ class DeadlinedTokenizer:
     with a deadline; every other attribute is the tokenizer's own (decoding stays here: a
     decoder has no regex, interpreter/text/tokenizer_check.py)."""
 
-    def __init__(self, tokenizer, seconds: float = COMMAND_SECONDS):
+    def __init__(self, tokenizer, seconds: float | None = None):
         self._tok = tokenizer
-        self._worker = TokenizerProcess(tokenizer, seconds)
+        self._worker = TokenizerProcess(tokenizer, seconds or TOKENIZER_DEADLINE.read())
         self._worker.start()
 
     def __getattr__(self, name):
@@ -38,12 +35,13 @@ class DeadlinedTokenizer:
         return self._worker.apply_chat_template(*args, **kwargs)
 
 
-def with_deadline(tokenizer, seconds: float = COMMAND_SECONDS):
-    """A Hugging Face tokenizer whose file brings its own regex, with a deadline; any other
-    as it is (its time is bounded by its input: interpreter/text/tokenizer_check.py)."""
+def with_deadline(tokenizer, seconds: float | None = None):
+    """A Hugging Face tokenizer whose file brings its own regex, with a deadline (``seconds``,
+    default MLXGRAPH_TOKENIZER_DEADLINE); any other as it is (its time is bounded by its
+    input: interpreter/text/tokenizer_check.py)."""
     bounds = getattr(tokenizer, "bounds", None)
     return DeadlinedTokenizer(tokenizer, seconds) if bounds is not None and bounds.regex \
         else tokenizer
 
 
-__all__ = ["COMMAND_SECONDS", "DeadlinedTokenizer", "with_deadline"]
+__all__ = ["DeadlinedTokenizer", "with_deadline"]

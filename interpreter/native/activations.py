@@ -14,21 +14,23 @@ float64 sum of squares); any other dtype, device or layout they do not take, or
 interpreter/kernels/fused.py).
 """
 
-import os
 from functools import cache
 
 import mlx.core as mx
 
+from mlxgraph.interpreter.knobs import NATIVE_ACTIVATIONS
 from mlxgraph.interpreter.native.mlx_extension import import_mlx_extension
-
-SWITCH_ENV = "MLXGRAPH_NATIVE_ACTIVATIONS"  # 0/off: MLX's own ops for all five everywhere
-_OFF = ("0", "off", "no", "false", "mlx")
 
 
 @cache
 def native_module():
-    """The loaded extension module, or None (not built, switched off, or it fails to load)."""
-    if os.environ.get(SWITCH_ENV, "1").strip().lower() in _OFF:
+    """The loaded extension module, or None (not built, switched off by
+    ``MLXGRAPH_NATIVE_ACTIVATIONS``, or it fails to load). The switch is read once.
+
+    Raises:
+        KnobError: the switch holds a value that is neither on nor off.
+    """
+    if not NATIVE_ACTIVATIONS.read():
         return None
     return import_mlx_extension("_activations")[0]
 
@@ -100,5 +102,5 @@ def rope(x, cos, sin):
     return native.rope(x, cos, sin)
 
 
-__all__ = ["SWITCH_ENV", "describe", "native_module", "native_for", "rms_norm", "rope",
+__all__ = ["describe", "native_module", "native_for", "rms_norm", "rope",
            "sigmoid", "silu"]

@@ -32,11 +32,10 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxgraph.interpreter import knobs
 from mlxgraph.interpreter.native.blas_libs import file_of, identify, pypi_openblas_file
 from mlxgraph.interpreter.native.blas_router import (
-    ROUTER_ENV,
     TILE_ALWAYS,
-    TILE_ENV,
     TILE_NEVER,
     RouterError,
     bind_router,
@@ -50,9 +49,7 @@ from mlxgraph.interpreter.native.blas_router import (
 )
 from mlxgraph.schema.errors import Error
 
-ENV_VAR = "MLXGRAPH_BLAS"
 PYPI_OPENBLAS = "scipy-openblas32"
-_OFF = ("", "0", "none", "off", "bundled", "reference")
 # Optimised CBLAS libraries, best first (benchmarks/blas_bench.py measured the order).
 # A generic libblas.so.3 is not tried: it may well be the same reference BLAS.
 CANDIDATES = (
@@ -132,17 +129,22 @@ def bundled_blas() -> BlasInfo:
     return BlasInfo("bundled reference BLAS", path, False)
 
 
+def _as_set(knob, env) -> str:
+    """'NAME=value' as the environment holds it, for messages."""
+    return f"{knob.name}={env.get(knob.name)}"
+
+
 def _describe_tile(router, env) -> str:
     """Give the router its many-row kernel's mode (MLXGRAPH_BLAS_TILE) and say where
     many-row products go, for the stats line."""
     wanted = tiling_wanted(env)
     got = set_router_tile(router, wanted)
     if wanted == TILE_NEVER:
-        return f"sgemm for many rows ({TILE_ENV}={env.get(TILE_ENV)})"
+        return f"sgemm for many rows ({_as_set(knobs.BLAS_TILE, env)})"
     if got == TILE_NEVER:
         return "sgemm for many rows (the tile kernel needs AVX-512)"
     if got == TILE_ALWAYS:
-        return f"tile kernel for every product of many rows ({TILE_ENV}={env.get(TILE_ENV)})"
+        return f"tile kernel for every product of many rows ({_as_set(knobs.BLAS_TILE, env)})"
     return "tile kernel for 9..160 rows"
 
 
@@ -165,13 +167,13 @@ def _install(where: str, env) -> BlasInfo | str:
                     "at install")
         router = "absent (not built at install: no C compiler?)"
     elif not route and not prefix:
-        router, router_path = f"off ({ROUTER_ENV}={env.get(ROUTER_ENV)})", ""
+        router, router_path = f"off ({_as_set(knobs.BLAS_ROUTER, env)})", ""
     else:
         try:
             bound = bind_router(router_path, lib, prefix, route)
         except RouterError as e:
             return str(e)
-        router = "on" if route else f"off ({ROUTER_ENV}={env.get(ROUTER_ENV)}; forwarding only)"
+        router = "on" if route else f"off ({_as_set(knobs.BLAS_ROUTER, env)}; forwarding only)"
         if route:
             router += ", " + _describe_tile(bound, env)
         if threads.many and set_router_threads(bound, threads):
@@ -188,26 +190,33 @@ def preload_blas(env: dict | None = None) -> BlasInfo:
     """Load the best available CBLAS globally, before mlx is imported; idempotent.
 
     Args:
-        env: the environment to read MLXGRAPH_BLAS (and MLXGRAPH_BLAS_ROUTER) from
-            (default os.environ).
+        env: the environment to read the MLXGRAPH_* knobs from (default os.environ);
+            every knob is checked here (interpreter/knobs.py), the BLAS ones used.
     Returns:
         The BlasInfo of the BLAS MLX will use (also kept for :func:`blas_in_use`).
     Raises:
         BlasError: MLXGRAPH_BLAS names a library that cannot be loaded or has no
-            cblas_sgemm (an explicit request that fails is not silently ignored), or
-            MLXGRAPH_BLAS_THREADS / MLXGRAPH_BLAS_TILE holds a value they do not take.
+            cblas_sgemm (an explicit request that fails is not silently ignored), or an
+            MLXGRAPH_BLAS* knob holds a value it does not take.
+        KnobError: another MLXGRAPH_* knob holds a value it does not take.
     """
     global _state
     if _state is not None:
         return _state
     env = os.environ if env is None else env
-    requested = env.get(ENV_VAR)
+    try:
+        choice = knobs.BLAS.read(env)
+        for knob in (knobs.BLAS_ROUTER, knobs.BLAS_THREADS, knobs.BLAS_TILE):
+            knob.read(env)
+    except knobs.KnobError as e:
+        raise BlasError(str(e)) from None
+    knobs.check_environment(env)  # the other knobs: a bad value fails now, not at a kernel
     bundled = bundled_blas()
     if sys.platform == "darwin":
         _state = bundled
         return _state
-    if requested is not None and requested.strip().lower() in _OFF:
-        _state = BlasInfo(bundled.name, bundled.path, False, f"{ENV_VAR}={requested}")
+    if choice == "bundled":
+        _state = BlasInfo(bundled.name, bundled.path, False, _as_set(knobs.BLAS, env))
         return _state
     if "mlx.core" in sys.modules:
         # Too late: libmlx's cblas_sgemm is already bound to the bundled library.
@@ -216,21 +225,17 @@ def preload_blas(env: dict | None = None) -> BlasInfo:
     if "torch" in sys.modules:
         _state = BlasInfo(bundled.name, bundled.path, False, NEXT_TO_TORCH)
         return _state
-    try:
-        threads_wanted(env)
-        tiling_wanted(env)
-    except ValueError as e:
-        raise BlasError(str(e)) from None
-    candidates = [requested.strip()] if requested is not None else list(CANDIDATES)
+    candidates = list(CANDIDATES) if choice == "auto" else [choice]
     for cand in candidates:
         where = _where(cand)
         result = _install(where, env) if where else f"the {cand} package is not installed"
         if isinstance(result, BlasInfo):
             _state = result
             return _state
-        if requested is not None:
+        if choice != "auto":
             raise BlasError(
-                f"{ENV_VAR}={requested}: {result} (set {ENV_VAR}=none to use the bundled BLAS)"
+                f"{_as_set(knobs.BLAS, env)}: {result} (set {knobs.BLAS.name}=none to use the "
+                "bundled BLAS)"
             )
     _state = BlasInfo(
         bundled.name,
@@ -285,7 +290,6 @@ __all__ = [
     "BlasPreloadWarning",
     "ensure_preloaded",
     "CANDIDATES",
-    "ENV_VAR",
     "PYPI_OPENBLAS",
     "blas_in_use",
     "bundled_blas",

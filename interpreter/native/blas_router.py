@@ -20,16 +20,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxgraph.interpreter.knobs import BLAS_ROUTER, BLAS_THREADS, BLAS_TILE
 from mlxgraph.schema.errors import Error
 
-ROUTER_ENV = "MLXGRAPH_BLAS_ROUTER"  # 0/off/none: no matrix-vector or few-row routing
-THREADS_ENV = "MLXGRAPH_BLAS_THREADS"  # "auto", "N", or "N:MIN_WORK" (ThreadPolicy)
-TILE_ENV = "MLXGRAPH_BLAS_TILE"  # 0/off: products of many rows go to the BLAS's sgemm
 # Products of fewer multiply-adds than this run on one thread: waking a second thread costs
 # more than it gains there (benchmarks/blas_bench.py measures the crossing; README, "Fast BLAS").
 DEFAULT_MIN_WORK = 1 << 20
 MAX_THREADS = 8  # the router's few-row kernel's bound; more rarely helps a memory-bound product
-_OFF = ("0", "off", "none", "no", "false")
 _BIND_SYMBOLS = ("cblas_sgemm", "cblas_sgemv", "cblas_dgemm", "cblas_cgemm")
 _HERE = Path(__file__).resolve().parent
 
@@ -48,8 +45,12 @@ def router_file() -> str:
 
 
 def routing_wanted(env) -> bool:
-    """False when ``MLXGRAPH_BLAS_ROUTER`` switches the matrix-vector routing off."""
-    return env.get(ROUTER_ENV, "1").strip().lower() not in _OFF
+    """False when ``MLXGRAPH_BLAS_ROUTER`` switches the matrix-vector routing off.
+
+    Raises:
+        KnobError: it holds a value that is neither on nor off.
+    """
+    return BLAS_ROUTER.read(env)
 
 
 # Modes of the router's many-row kernel (native/tile_gemm.c; blas_router.c, wants_tile).
@@ -58,20 +59,14 @@ TILE_NEVER, TILE_WHERE_FASTER, TILE_ALWAYS = 0, 1, 2
 
 def tiling_wanted(env) -> int:
     """The many-row kernel's mode from ``MLXGRAPH_BLAS_TILE``: unset or on, where it beats
-    the BLAS (9..160 rows against a large weight); 0/off, never; "always", for every
+    the BLAS (9..160 rows against a large weight); off, never; "always", for every
     product that is neither matrix-vector nor few-row (tests, measurements).
 
     Raises:
-        ValueError: any other value.
+        KnobError: any other value.
     """
-    raw = env.get(TILE_ENV, "on").strip().lower()
-    if raw in _OFF:
-        return TILE_NEVER
-    if raw == "always":
-        return TILE_ALWAYS
-    if raw in ("1", "on", "yes", "true", "auto"):
-        return TILE_WHERE_FASTER
-    raise ValueError(f"{TILE_ENV}={env.get(TILE_ENV)}: expected on, off or always")
+    modes = {"off": TILE_NEVER, "on": TILE_WHERE_FASTER, "always": TILE_ALWAYS}
+    return modes[BLAS_TILE.read(env)]
 
 
 def set_router_tile(router, mode: int) -> int:
@@ -143,21 +138,15 @@ def threads_wanted(env) -> ThreadPolicy:
     :data:`MAX_THREADS`, from :data:`DEFAULT_MIN_WORK` multiply-adds).
 
     Raises:
-        ValueError: MLXGRAPH_BLAS_THREADS is none of those forms (positive integers).
+        KnobError: MLXGRAPH_BLAS_THREADS is none of those forms (positive integers).
     """
-    raw = env.get(THREADS_ENV)
+    setting, raw = BLAS_THREADS.read(env), BLAS_THREADS.raw(env)
     if raw is None and env.get("OPENBLAS_NUM_THREADS"):
         return ThreadPolicy(0, 0, "OPENBLAS_NUM_THREADS")
-    if raw is None or raw.strip().lower() == "auto":
+    if setting is None:
         return ThreadPolicy(min(available_cpus(), MAX_THREADS), DEFAULT_MIN_WORK, "auto")
-    many, colon, work = raw.strip().partition(":")
-    try:
-        policy = ThreadPolicy(int(many), int(work) if colon else 0, f"{THREADS_ENV}={raw}")
-    except ValueError:
-        policy = ThreadPolicy(0, -1, "")
-    if policy.many < 1 or policy.min_work < 0 or (colon and policy.min_work < 1):
-        raise ValueError(f"{THREADS_ENV}={raw}: expected auto, N or N:MIN_WORK (positive integers)")
-    return policy
+    many, min_work = setting
+    return ThreadPolicy(many, min_work, f"{BLAS_THREADS.name}={raw}")
 
 
 def set_router_threads(router, policy: ThreadPolicy) -> bool:
@@ -187,8 +176,6 @@ __all__ = [
     "MAX_THREADS",
     "ThreadPolicy",
     "available_cpus",
-    "ROUTER_ENV",
-    "THREADS_ENV",
     "RouterError",
     "bind_router",
     "cblas_prefix",
@@ -198,7 +185,6 @@ __all__ = [
     "set_router_threads",
     "set_router_tile",
     "TILE_ALWAYS",
-    "TILE_ENV",
     "TILE_NEVER",
     "TILE_WHERE_FASTER",
     "tiling_wanted",

@@ -14,10 +14,9 @@ from functools import cache
 
 import mlx.core as mx
 
+from mlxgraph.interpreter.knobs import QUANTIZED_KERNEL, QUANTIZED_THREADS
 from mlxgraph.interpreter.native.mlx_extension import import_mlx_extension
 
-KERNEL_ENV = "MLXGRAPH_QUANTIZED_KERNEL"    # "mlx": never use the native kernels
-THREADS_ENV = "MLXGRAPH_QUANTIZED_THREADS"  # threads of the native kernel (default: 2 at most)
 # Float32 steps of more rows than this dequantize the weight and take the BLAS matmul
 # (benchmarks/quantized_bench.py: ~10x MLX's CPU quantized_matmul from 8 rows on); the
 # native kernel takes up to its own MAX_ROWS (8) before that.
@@ -68,17 +67,19 @@ def _absent(reason: str) -> NativeKernel:
 
 @cache
 def native_kernel() -> NativeKernel:
-    """The native kernel (loaded once per process), or why it is not used."""
-    if os.environ.get(KERNEL_ENV, "").strip().lower() == "mlx":
-        return _absent(f"{KERNEL_ENV}=mlx")
+    """The native kernel (loaded once per process), or why it is not used
+    (``MLXGRAPH_QUANTIZED_KERNEL`` off; its threads: ``MLXGRAPH_QUANTIZED_THREADS``).
+
+    Raises:
+        KnobError: either knob holds a value it does not take.
+    """
+    threads = QUANTIZED_THREADS.read() or min(2, os.cpu_count() or 1)
+    if not QUANTIZED_KERNEL.read():
+        return _absent(f"{QUANTIZED_KERNEL.name}={QUANTIZED_KERNEL.raw()}")
     module, reason = import_mlx_extension("_quantized_matvec")
     if module is None:
         return _absent(reason)
-    try:
-        threads = int(os.environ.get(THREADS_ENV, "") or min(2, os.cpu_count() or 1))
-    except ValueError:
-        threads = 1
-    module.set_threads(max(1, threads))
+    module.set_threads(threads)
     return NativeKernel(module.quantized_matvec, module.simd(), module.threads(),
                         module.MAX_ROWS, half_fn=module.half_matvec,
                         dequantize_fn=module.dequantize)
