@@ -17,6 +17,7 @@ import torch
 
 from mlxgraph.exporter.errors import ExportError
 from mlxgraph.schema.dtypes import dtype_info
+from mlxgraph.schema.op_catalogue import Trait, entry, quantized_form
 from mlxgraph.schema.records import NodeRecord
 
 MODES = {"q8": 8, "q4": 4}
@@ -77,7 +78,7 @@ class QuantizeRecipe:
         """'q8', 'q4' or 'float' for a node of ``op`` from ``module``."""
         if any(fnmatchcase(module, pattern) for pattern in self.exclude):
             return "float"
-        if op == "EmbeddingNode":
+        if entry(op).has(Trait.EMBEDDING):
             return self.embedding or self.mode
         if module == LM_HEAD:
             return self.lm_head or self.mode
@@ -165,7 +166,8 @@ def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
     counts = {"q8": 0, "q4": 0, "float": 0}
     scale_counts = {"float16": 0, "float32": 0}
     for i, node in enumerate(writer.nodes):
-        if node.op not in ("LinearNode", "EmbeddingNode"):
+        quantized_op = quantized_form(node.op)
+        if quantized_op is None:
             continue
         slot = node.fields.get("weight")
         name, code, shape = writer.tensors[slot]
@@ -196,7 +198,7 @@ def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
         packed_slot, scales_slot, biases_slot = quantized[key]
         fields = dict(node.fields, weight=packed_slot, scales=scales_slot, biases=biases_slot,
                       group_size=recipe.group_size, bits=bits)
-        writer.nodes[i] = NodeRecord("Quantized" + node.op, fields, node.provenance)
+        writer.nodes[i] = NodeRecord(quantized_op.table, fields, node.provenance)
     writer.drop_unread_constants()
     record = {
         "mode": recipe.mode,

@@ -11,14 +11,11 @@ from mlxgraph.interpreter.cache.kv_cache import CacheError
 from mlxgraph.interpreter.errors import GraphRuntimeError
 from mlxgraph.interpreter.index_guard import check_output, guard_node_indices
 from mlxgraph.interpreter.straight_line import compile_nodes
+from mlxgraph.schema.op_catalogue import Trait, entry
 from mlxgraph.schema.spec import FieldKind, op_spec
 
 TENSOR, TENSOR_LIST, VALUE = FieldKind.TENSOR, FieldKind.TENSOR_LIST, FieldKind.VALUE
 OUT, VALUE_OUT = FieldKind.OUT, FieldKind.VALUE_OUT
-
-
-# Ops whose output rows are their input rows' own (x @ W.T): the graph output's head.
-ROW_WISE_HEADS = ("LinearNode", "QuantizedLinearNode")
 
 
 def last_row_head(nodes, outputs) -> int | None:
@@ -37,7 +34,7 @@ def last_row_head(nodes, outputs) -> int | None:
         if slot in _slots_read(node):
             return None
         if slot in node.out_slots:
-            ok = node.out_kind is OUT and node.record.op in ROW_WISE_HEADS
+            ok = node.out_kind is OUT and entry(node.record.op).has(Trait.ROW_WISE)
             head = node.index if ok else None
     return head
 

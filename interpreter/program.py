@@ -22,6 +22,7 @@ from mlxgraph.interpreter.node_plan import ResolvedNode, resolve_node
 from mlxgraph.interpreter.node_runner import compile_program_nodes, last_row_head
 from mlxgraph.interpreter.session.session import Session
 from mlxgraph.schema.errors import GraphFormatError
+from mlxgraph.schema.op_catalogue import Trait, entry
 from mlxgraph.schema.reader import open_graph
 from mlxgraph.schema.spec import FieldKind
 
@@ -240,15 +241,14 @@ def _checked(node: ResolvedNode, graph) -> ResolvedNode:
     limits = (bounds.value_magnitude if node.out_kind is FieldKind.VALUE_OUT
               else bounds.slot_elements)
     guard = None
-    op, fields = node.record.op, node.record.fields
-    if op in ("EmbeddingNode", "QuantizedEmbeddingNode"):
-        # The verifier made the vocabulary equal to this table's rows when tokens feed it.
-        trusted = fields["indices"] == graph.inputs.get("tokens") and graph.metadata.vocab_size > 0
-        guard = None if trusted else ("indices", "weight", 0, False)
-    elif op == "GatherNode":
-        guard = ("indices", "x", node.fixed["axis"] or 0, False)
-    elif op == "SelectNode":
-        guard = ("index", "x", node.fixed["axis"] or 0, True)
+    op, fields = entry(node.record.op), node.record.fields
+    g = op.guard
+    # The verifier made the vocabulary equal to an embedding's rows when tokens feed it.
+    trusted = (op.has(Trait.EMBEDDING) and fields["indices"] == graph.inputs.get("tokens")
+               and graph.metadata.vocab_size > 0)
+    if g is not None and not trusted:
+        axis = 0 if g.axis is None else node.fixed[g.axis] or 0
+        guard = (g.indices, g.table, axis, g.scalar)
     return replace(node, guard=guard, limits=tuple(limits[s] for s in node.out_slots))
 
 
@@ -261,7 +261,7 @@ def _layer_geometry(graph, nodes) -> dict:
     known = {lc.layer_id: lc for lc in graph.metadata.layers}
     out = {}
     for n in nodes:
-        if n.record.op != "UpdateAndAttendNode":
+        if not entry(n.record.op).has(Trait.ATTENTION):
             continue
         lid = n.fixed["layer_id"]
         if lid in out:

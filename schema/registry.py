@@ -1,8 +1,9 @@
 """A table of registered functions filled lazily by the modules that register them.
 
-The interpreter's kernels and the exporter's lowerings are both such a table: each op
-module registers its functions on import, and the table imports its modules on first
-lookup, so importing the registry (to register) never imports every op module.
+The interpreter's kernels and token rules and the exporter's lowerings are such tables:
+each op module registers its functions on import, and the table imports its modules on
+first lookup, so importing the registry (to register) never imports every op module. A
+key registers once: a second registration is refused, never silently kept.
 """
 
 from importlib import import_module
@@ -23,7 +24,14 @@ class LazyRegistry:
         self._loaded = False
 
     def add(self, key, entry) -> None:
-        """Register ``entry`` under ``key`` (the last registration of a key wins)."""
+        """Register ``entry`` under ``key``.
+
+        Raises:
+            ValueError: ``key`` is already registered (two functions for one op would
+                leave the winner to import order).
+        """
+        if key in self.entries:
+            raise ValueError(f"{self.package}: {key!r} is already registered")
         self.entries[key] = entry
 
     def table(self) -> dict:

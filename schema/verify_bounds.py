@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from mlxgraph.schema.enums import OperandKind, SymOp
 from mlxgraph.schema.errors import GraphFormatError
+from mlxgraph.schema.op_catalogue import Bound, Trait, entry
 from mlxgraph.schema.spec import FieldKind, op_specs
 
 MAX_DIM = 2**31 - 1
@@ -70,22 +71,15 @@ def _at_least_zero(v):
     return v is None or v >= 0
 
 
-# op table -> (field, test, what the field must be). Fields a table lacks are skipped,
-# so checks of fields appended later (format 1.1) sit here too.
-ATTRIBUTE_CHECKS = {
-    "UpdateAndAttendNode": (
-        ("scale", _positive, "finite and > 0"),
-        ("softcap", _non_negative, "finite and >= 0 (0: no softcapping)"),
-    ),
-    "RmsNormNode": (
-        ("eps", _non_negative, "finite and >= 0"),
-        ("weight_offset", _finite, "finite"),
-    ),
-    "LayerNormNode": (("eps", _non_negative, "finite and >= 0"),),
-    "ClampNode": (("min", _not_nan, "a number (not NaN)"), ("max", _not_nan, "a number (not NaN)")),
-    "AddmmNode": (("alpha", _finite, "finite"), ("beta", _finite, "finite")),
-    "TopKNode": (("k", _at_least_zero, ">= 0"),),
-    "SliceNode": (("step", lambda v: v is None or v >= 1, ">= 1"),),
+# The tests an attribute check names (schema/op_catalogue.py's Check.test). Fields a table
+# lacks are skipped, so checks of fields appended later (format 1.1) sit there too.
+ATTRIBUTE_TESTS = {
+    "positive": _positive,
+    "finite": _finite,
+    "non_negative": _non_negative,
+    "not_nan": _not_nan,
+    "at_least_zero": _at_least_zero,
+    "at_least_one": lambda v: v is None or v >= 1,
 }
 
 
@@ -126,19 +120,20 @@ def check_bounds(g, fixed_slots: set, element_limit=None) -> StepBounds:
     specs = op_specs()
     for i, node in enumerate(nodes):
         code, t = node.op
-        name = specs[code].name
+        op = entry(specs[code].name)
         try:
-            _check_attributes(name, t)
+            _check_attributes(op, t)
             _check_writes(specs[code], t, fixed_slots)
-            if name == "SymArithNode":
+            if op.bound is Bound.ARITH:
                 values[t.out] = _arith_bound(t, values)
-            elif name == "SymSizeNode":
+            elif op.bound is Bound.AXIS:
                 shape = dims[t.x]
                 axis = t.axis if t.axis is not None else 0
                 values[t.out] = shape[axis] if -len(shape) <= axis < len(shape) else limit
-            elif name in ("FullNode", "ReshapeNode", "ExpandNode"):
-                _check_shape(t.shape, values, limit, skip_minus_one=name != "FullNode")
-            elif name == "ArangeNode":
+            elif op.sizes_from_operands:
+                _check_shape(t.shape, values, limit,
+                             skip_minus_one=op.bound is Bound.SHAPE_OR_KEEP)
+            elif op.bound is Bound.RANGE:
                 _check_arange(t, values, limit)
         except GraphFormatError as e:
             raise GraphFormatError(
@@ -189,11 +184,11 @@ def _slot_elements(g, sym_max, limit) -> tuple:
     return out, dims
 
 
-def _check_attributes(name, t) -> None:
-    for field, ok, want in ATTRIBUTE_CHECKS.get(name, ()):
-        v = getattr(t, field, None)
-        if not ok(v):
-            raise GraphFormatError(f"{v} is not {want}", field=field)
+def _check_attributes(op, t) -> None:
+    for check in op.checks:
+        v = getattr(t, check.field, None)
+        if not ATTRIBUTE_TESTS[check.test](v):
+            raise GraphFormatError(f"{v} is not {check.what}", field=check.field)
 
 
 def _check_writes(spec, t, fixed_slots) -> None:
@@ -284,7 +279,7 @@ def _check_vocab(g, nodes, specs) -> None:
     vocab = g.metadata.vocab_size if g.metadata is not None else 0
     for i, node in enumerate(nodes):
         code, t = node.op
-        if not specs[code].name.endswith("EmbeddingNode") or t.indices != tokens:
+        if not entry(specs[code].name).has(Trait.EMBEDDING) or t.indices != tokens:
             continue
         shape = g.tensors[t.weight].shape
         rows = shape[0].size if shape and shape[0].symbol == -1 else None

@@ -9,6 +9,7 @@ valid is refused by ``load`` (tests/test_verify_load_parity.py).
 """
 
 from mlxgraph.schema.errors import GraphFormatError
+from mlxgraph.schema.op_catalogue import Trait, entry
 from mlxgraph.schema.spec import op_specs
 
 MAX_LAYER_ID = 2**31 - 1
@@ -30,7 +31,7 @@ def check_layers(g) -> None:
     used = {}
     for i, node in enumerate(g.chains[0].nodes):
         code, t = node.op
-        if specs[code].name != "UpdateAndAttendNode":
+        if not entry(specs[code].name).has(Trait.ATTENTION):
             continue
         lid, field = t.layer_id, f"{specs[code].short_name}.layer_id"
         if lid in used:

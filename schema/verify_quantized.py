@@ -5,11 +5,11 @@ would make MLX's quantized ops read past a row or compute with a wrong group."""
 
 from mlxgraph.schema.dtypes import dtype_info
 from mlxgraph.schema.errors import GraphFormatError
+from mlxgraph.schema.op_catalogue import Trait, entry
 from mlxgraph.schema.spec import op_specs
 
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
-_OPS = ("QuantizedLinearNode", "QuantizedEmbeddingNode")
 
 
 def _static(g, slot, field) -> list:
@@ -25,7 +25,7 @@ def _last_dim(g, slot):
     return dims[-1].size if dims and dims[-1].symbol == -1 else None
 
 
-def _check_node(g, name, t) -> None:
+def _check_node(g, op, t) -> None:
     if t.bits not in BITS:
         raise GraphFormatError(f"bits {t.bits} is not 4 or 8", field="bits")
     if t.group_size not in GROUP_SIZES:
@@ -53,7 +53,7 @@ def _check_node(g, name, t) -> None:
                 f"groups of {t.group_size} needs {want}",
                 field=field,
             )
-    if name == "QuantizedLinearNode":
+    if op.has(Trait.ROW_WISE):
         inner, outer = _last_dim(g, t.x), _last_dim(g, t.out)
         if inner is not None and inner != cols:
             raise GraphFormatError(
@@ -79,10 +79,10 @@ def check_quantized(g) -> None:
     specs = op_specs()
     for i, node in enumerate(g.chains[0].nodes):
         code, t = node.op
-        name = specs[code].name
-        if name in _OPS:
+        op = entry(specs[code].name)
+        if op.has(Trait.QUANTIZED):
             try:
-                _check_node(g, name, t)
+                _check_node(g, op, t)
             except GraphFormatError as e:
                 raise GraphFormatError(
                     e.reason, node=i, field=f"{specs[code].short_name}.{e.field}"

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
+from mlxgraph.schema.op_catalogue import Trait, entry
 from mlxgraph.schema.records import Operand
 from mlxgraph.schema.spec import FieldKind
 from mlxgraph.tools.node_text import attr_value, node_fields, short_name
@@ -108,13 +109,14 @@ class Flow:
         """Node i's op for alignment: a quantized op counts as its float op (QuantizedLinear
         pairs with Linear), so a float graph and its quantized export align node for node."""
         op = self.graph.nodes[i].op
-        return op[len("Quantized"):] if op.startswith("Quantized") else op
+        float_op = entry(op).float_op
+        return op if float_op is None else entry(float_op).table
 
     def source_key(self, src: Source):
         """A slot-free description of a source (used in alignment keys); looks through Casts."""
         if src.kind == "node":
             i, name, j = src.ref
-            if self.graph.nodes[i].op == "CastNode" and self.inputs[i]:
+            if entry(self.graph.nodes[i].op).has(Trait.DTYPE_ONLY) and self.inputs[i]:
                 return self.source_key(self.inputs[i][0][2])
             return ("node", self.op_family(i), name, j)
         if src.kind == "const":

@@ -1,6 +1,7 @@
 """What `mlxgraph generate` reports after the text: the stats document (--json) and the
 stats lines on stderr (tokens, tok/s, peak memory, BLAS, prompt cache, window notes)."""
 
+from mlxgraph.schema.op_catalogue import Trait, entry
 from mlxgraph.tools.output import human_bytes, peak_rss_bytes
 
 
@@ -22,9 +23,15 @@ def stats_doc(stats, blas, sampler, mx) -> dict:
     }
 
 
+def _is_linear(op: str, quantized: bool) -> bool:
+    """Whether ``op`` is a Linear (x @ W.T), quantized or float as asked."""
+    op = entry(op)
+    return op.has(Trait.ROW_WISE) and op.has(Trait.QUANTIZED) == quantized
+
+
 def quantized_stats(program) -> dict | None:
     """Which kernel the graph's QuantizedLinear nodes run on (None for a graph without any)."""
-    if not any(n.record.op == "QuantizedLinearNode" for n in program.nodes):
+    if not any(_is_linear(n.record.op, quantized=True) for n in program.nodes):
         return None
     from mlxgraph.interpreter.native.quantized import native_kernel
 
@@ -37,7 +44,7 @@ def half_matvec_stats(program) -> dict | None:
     from mlxgraph.interpreter.mlx_dtypes import HALF_DTYPES
     from mlxgraph.interpreter.native.quantized import native_kernel
 
-    if not any(n.record.op == "LinearNode"
+    if not any(_is_linear(n.record.op, quantized=False)
                and program.tensor_dtypes[n.record.fields["weight"]] in HALF_DTYPES
                for n in program.nodes):
         return None

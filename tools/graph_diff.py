@@ -14,6 +14,7 @@ format version, which the report shows in its header.
 
 import hashlib
 
+from mlxgraph.schema.op_catalogue import Trait, entry
 from mlxgraph.schema.spec import op_spec
 from mlxgraph.tools.align import Flow, align
 from mlxgraph.tools.node_text import SlotNames, format_node, short_name
@@ -162,7 +163,8 @@ class _Differ:
                 side, k, g, names = ("b", j, self.gb, nb) if i is None else ("a", i, self.ga, na)
                 rec = g.nodes[k]
                 out.append({"change": "inserted" if i is None else "deleted", side: k,
-                            "op": short_name(rec.op), "dtype_only": rec.op == "CastNode",
+                            "op": short_name(rec.op),
+                            "dtype_only": entry(rec.op).has(Trait.DTYPE_ONLY),
                             "text": format_node(k, rec, names)})
                 continue
             fields = self.node_changes(i, j)

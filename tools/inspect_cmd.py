@@ -3,6 +3,7 @@
 import os
 from collections import Counter
 
+from mlxgraph.schema.op_catalogue import Trait, entry
 from mlxgraph.tools.node_text import SlotNames, format_node, node_json, short_name
 from mlxgraph.tools.output import (
     ToolError,
@@ -120,7 +121,7 @@ def constant_bytes(graph) -> dict:
 def quantized_groups(graph) -> list:
     """Quantized nodes grouped by op, bits and group size: [{op, bits, group_size, nodes}]."""
     groups = Counter((short_name(n.op), n.fields["bits"], n.fields["group_size"])
-                     for n in graph.nodes if n.op.startswith("Quantized"))
+                     for n in graph.nodes if entry(n.op).has(Trait.QUANTIZED))
     return [{"op": op, "bits": bits, "group_size": gs, "nodes": count}
             for (op, bits, gs), count in sorted(groups.items())]
 

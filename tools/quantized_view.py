@@ -4,9 +4,9 @@ its quantized counterpart in dequantized space."""
 
 import numpy as np
 
+from mlxgraph.schema.op_catalogue import Trait, entry
 from mlxgraph.tools.numeric import _finite_max_abs, max_abs_diff, relative, storage_to_float
 
-QUANTIZED_OPS = ("QuantizedLinearNode", "QuantizedEmbeddingNode")
 ROWS_PER_CHUNK = 256  # rows dequantized at a time (bounded memory on large weights)
 
 
@@ -15,7 +15,7 @@ def packed_weights(graph) -> dict:
     const_by_slot = {c.tensor: k for k, c in enumerate(graph.constants)}
     out = {}
     for node in graph.nodes:
-        if node.op in QUANTIZED_OPS:
+        if entry(node.op).has(Trait.QUANTIZED):
             f = node.fields
             ks = [const_by_slot.get(f[name]) for name in ("weight", "scales", "biases")]
             if None not in ks:

@@ -5,17 +5,14 @@ import torch
 from mlxgraph.exporter.lowering_types import LoweringError
 from mlxgraph.exporter.lowerings import register
 from mlxgraph.schema.enums import RoundingMode
+from mlxgraph.schema.op_catalogue import Trait, ops_with
 from mlxgraph.schema.records import Operand
 
 aten = torch.ops.aten
 
-_UNARY = {
-    aten.neg.default: "Neg", aten.exp.default: "Exp", aten.log.default: "Log",
-    aten.sqrt.default: "Sqrt", aten.rsqrt.default: "Rsqrt", aten.sin.default: "Sin",
-    aten.cos.default: "Cos", aten.tanh.default: "Tanh", aten.sigmoid.default: "Sigmoid",
-    aten.silu.default: "Silu", aten.abs.default: "Abs", aten.reciprocal.default: "Reciprocal",
-    aten.logical_not.default: "LogicalNot", aten.erf.default: "Erf",
-}
+# The catalogue names the ATen op of each generic unary op (schema/op_catalogue.py).
+_UNARY = {getattr(aten, op.aten).default: op.name
+          for op in ops_with(Trait.UNARY) if op.aten is not None}
 
 
 def _unary(ctx, node):

@@ -17,16 +17,15 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from mlxgraph.interpreter.batching import token_rules_layout  # noqa: F401  (registers its rules)
-from mlxgraph.interpreter.batching.token_rules import RULES, Mixing, NodeView
+from mlxgraph.interpreter.batching.token_rules import Mixing, NodeView, rules
 from mlxgraph.interpreter.errors import SessionError
 from mlxgraph.interpreter.node_runner import run_nodes
 from mlxgraph.interpreter.session.step_context import StepContext
 from mlxgraph.interpreter.session.step_inputs import bind_inputs, plan_inputs
-from mlxgraph.schema.spec import FieldKind, op_spec
+from mlxgraph.schema.op_catalogue import Bound, entry
+from mlxgraph.schema.spec import FieldKind
 
 VALUE, OPERAND_LIST = FieldKind.VALUE, FieldKind.OPERAND_LIST
-_SIZE_OPS = ("Reshape", "Expand", "Full")  # may size an axis by the token count
 PROBE_TOKENS = 7  # any count >= 2 works; an odd prime rarely equals a model dimension
 
 
@@ -80,22 +79,22 @@ def analyse(program) -> Batching:
     axes = {tokens: (1, 1), positions: (0, 1)}
     token_values = {} if symbol.value is None else {symbol.value: (1, 0)}
     for node in program.nodes:
-        op = op_spec(node.record.op).short_name
+        op = entry(node.record.op)
         try:
             _check_reads(node, op, token_values)
-            rule = RULES.get(op)
+            rule = rules().get(op.name)
             if rule is None:
-                raise Mixing(f"op {op} has no batching rule in this mlxgraph")
+                raise Mixing(f"op {op.name} has no batching rule in this mlxgraph")
             out = rule(NodeView(node, shapes, numbers, axes, token_values))
         except Mixing as e:
-            return Batching(f"{where}: node {node.index} ({op}) {e}; its sessions step one "
+            return Batching(f"{where}: node {node.index} ({op.name}) {e}; its sessions step one "
                             "at a time")
         for slot, a in zip(node.out_slots, out):
             target = token_values if node.out_kind is FieldKind.VALUE_OUT else axes
             if a is not None:
                 target[slot] = a
         if (reason := _unexplained(node, probes, axes, token_values)) is not None:
-            return Batching(f"{where}: node {node.index} ({op}) {reason}; its sessions step "
+            return Batching(f"{where}: node {node.index} ({op.name}) {reason}; its sessions step "
                             "one at a time")
     missing = [name for name, slot in graph.outputs.items() if axes.get(slot, (0, 0))[1] != 1]
     if missing:
@@ -110,7 +109,7 @@ def analyse(program) -> Batching:
 def _check_reads(node, op, token_values) -> None:
     """Refuse a node that computes with the token count (or a number derived from it), except
     for sizing an axis (Reshape, Expand, Full) and the arithmetic that only passes it on."""
-    if op == "SymArith":
+    if op.bound is Bound.ARITH:
         return
     for name, how, where in node.reads:
         if how is VALUE:
@@ -120,7 +119,7 @@ def _check_reads(node, op, token_values) -> None:
         else:
             continue
         for kind in used:
-            if kind is None or (kind != "derived" and kind[1] == 0 and op in _SIZE_OPS
+            if kind is None or (kind != "derived" and kind[1] == 0 and op.sizes_from_operands
                                 and name == "shape"):
                 continue
             what = "the token count" if kind == (1, 0) else "a number computed from the token count"

@@ -7,10 +7,14 @@ small rule here: given where its inputs carry tokens (and their real shapes, fro
 probe step), it returns the token axis of each output or raises :class:`Mixing` naming
 what would mix rows (a reduction over tokens, a slice of them, a reshape that merges them
 with another axis, a size computed from the token count...). An op without a rule is
-refused: a new op must say how it treats tokens before it can batch.
+refused: a new op must say how it treats tokens before it can batch. The elementwise ops
+share two rules, by their catalogue trait (schema/op_catalogue.py); the layout, creation,
+symbolic and attention ops' rules are in token_rules_layout.py, loaded on first lookup.
 """
 
 from mlxgraph.schema.errors import Error
+from mlxgraph.schema.op_catalogue import Trait, entry, ops_with
+from mlxgraph.schema.registry import LazyRegistry
 from mlxgraph.schema.spec import FieldKind
 
 VALUE = FieldKind.VALUE
@@ -82,16 +86,28 @@ def moved(tok, axis):
     return None if tok is None else (axis, tok[1])
 
 
-RULES = {}
+RULE_MODULES = ("token_rules_layout",)
+RULES = LazyRegistry(__name__.rpartition(".")[0], RULE_MODULES)
 
 
 def rule(*ops):
-    """Register the token-axis rule of ``ops`` (short names)."""
+    """Register the token-axis rule of ``ops`` (op names).
+
+    Raises:
+        KeyError: an op the catalogue does not have. ValueError: an op with a rule already.
+    """
+    names = [entry(op).name for op in ops]
+
     def wrap(fn):
-        for op in ops:
-            RULES[op] = fn
+        for name in names:
+            RULES.add(name, fn)
         return fn
     return wrap
+
+
+def rules() -> dict:
+    """Every op's token-axis rule by op name (loads the rule modules on first use)."""
+    return RULES.table()
 
 
 def broadcast(n: NodeView, names, out_rank=None):
@@ -115,18 +131,12 @@ def broadcast(n: NodeView, names, out_rank=None):
     return found
 
 
-UNARY = ("Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Sin", "Cos", "Tanh", "Sigmoid", "Silu", "Abs",
-         "Reciprocal", "LogicalNot", "Erf", "Gelu", "Clamp", "Cast")
-BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Maximum", "Minimum", "Remainder", "Equal",
-          "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual", "LogicalAnd", "LogicalOr")
-
-
-@rule(*UNARY)
+@rule(*(op.name for op in ops_with(Trait.UNARY)))
 def _unary(n):
     return [n.tok("x")]
 
 
-@rule(*BINARY)
+@rule(*(op.name for op in ops_with(Trait.BINARY)))
 def _binary(n):
     return [broadcast(n, ("a", "b"))]
 

@@ -18,8 +18,8 @@ differs.
 
 from dataclasses import dataclass
 
+from mlxgraph.schema.op_catalogue import entry
 from mlxgraph.schema.registry import LazyRegistry
-from mlxgraph.schema.spec import op_spec
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,10 @@ def register(op: str, needs_context: bool = False, device: str | None = None):
     variant for one device plan.
 
     Raises:
-        KeyError: the schema has no such op. ValueError: an unknown device plan, or a
+        KeyError: the op catalogue has no such op. ValueError: an unknown device plan, or a
         second registration of the same op and device.
     """
-    name = op_spec(op).name
+    name = entry(op).table
     if device is not None and device not in DEVICE_PLANS:
         raise ValueError(f"register({op!r}): device must be one of {DEVICE_PLANS}")
 

@@ -12,6 +12,7 @@ import mlx.core as mx
 from mlxgraph.interpreter.kernels import register
 from mlxgraph.interpreter.native import activations as native_activations
 from mlxgraph.schema.enums import RoundingMode
+from mlxgraph.schema.op_catalogue import Trait, ops_with
 
 
 def _is_float(v) -> bool:
@@ -40,13 +41,11 @@ def _register_float_unary(op: str, fn) -> None:
     register(op)(kernel)
 
 
-for _op, _fn in {
-    "Exp": mx.exp, "Log": mx.log, "Sqrt": mx.sqrt, "Rsqrt": mx.rsqrt, "Sin": mx.sin,
-    "Cos": mx.cos, "Tanh": mx.tanh, "Sigmoid": native_activations.sigmoid,
-    "Erf": mx.erf,
-    "Reciprocal": mx.reciprocal,
-}.items():
-    _register_float_unary(_op, _fn)
+# The catalogue names the MLX function of each generic unary op (schema/op_catalogue.py).
+for _op in ops_with(Trait.UNARY):
+    if _op.mlx is not None:
+        _register_float_unary(_op.name, getattr(mx, _op.mlx))
+_register_float_unary("Sigmoid", native_activations.sigmoid)
 
 
 @register("Neg")

@@ -20,6 +20,7 @@ layers' KV stores it holds, and which tensor slots cross each cut. docs/architec
 from dataclasses import dataclass, replace
 
 from mlxgraph.schema.errors import GraphFormatError
+from mlxgraph.schema.op_catalogue import Trait, entry
 from mlxgraph.schema.spec import FieldKind
 
 
@@ -92,7 +93,7 @@ def plan_stages(graph, nodes, size: int) -> tuple:
         if rep:
             free_t |= out_t
             free_v |= out_v
-    attention = [n.index for n in nodes if n.record.op == "UpdateAndAttendNode"]
+    attention = [n.index for n in nodes if entry(n.record.op).has(Trait.ATTENTION)]
     if len(attention) < size:
         raise GraphFormatError(f"a pipeline of {size} stages needs at least {size} attention "
                                f"layers; the graph has {len(attention)}", path, None, "nodes")
@@ -112,7 +113,7 @@ def plan_stages(graph, nodes, size: int) -> tuple:
         order = tuple(sorted(run))
         consts = frozenset(s for i in order for s in io[i][0] if s in sizes)
         layers = tuple(nodes[i].fixed["layer_id"] for i in order
-                       if nodes[i].record.op == "UpdateAndAttendNode")
+                       if entry(nodes[i].record.op).has(Trait.ATTENTION))
         plans.append(StagePlan(rank, size, order, consts, layers,
                                _crossing(graph, last_read, io, replicable, lo) if rank else (),
                                _crossing(graph, last_read, io, replicable, hi)
