@@ -55,8 +55,8 @@ def test_catalogue_facts_name_real_fields_and_ops():
 
 
 def test_every_op_has_a_kernel_and_a_token_rule():
-    from mlxgraph.interpreter.kernels import get_kernel
     from mlxgraph.interpreter.batching.token_rules import rules
+    from mlxgraph.interpreter.kernels import get_kernel
 
     assert [op.name for op in OPS if get_kernel(op.table) is None] == []
     assert [op.name for op in OPS if op.name not in rules()] == []
@@ -76,8 +76,8 @@ def test_a_registry_refuses_a_second_registration():
 
 
 def test_registries_refuse_duplicates_and_unknown_ops():
-    from mlxgraph.interpreter.kernels import register
     from mlxgraph.interpreter.batching.token_rules import rule
+    from mlxgraph.interpreter.kernels import register
 
     with pytest.raises(ValueError, match="already registered"):
         register("Add")(lambda a, b: a)
