@@ -76,9 +76,10 @@ def test_a_registry_refuses_a_second_registration():
 
 
 def test_registries_refuse_duplicates_and_unknown_ops():
-    from mlxgraph.interpreter.batching.token_rules import rule
-    from mlxgraph.interpreter.kernels import register
+    from mlxgraph.interpreter.batching.token_rules import rule, rules
+    from mlxgraph.interpreter.kernels import get_kernel, register
 
+    assert get_kernel("AddNode") is not None and "Add" in rules()  # both tables loaded
     with pytest.raises(ValueError, match="already registered"):
         register("Add")(lambda a, b: a)
     with pytest.raises(KeyError, match="not an op"):
