@@ -288,3 +288,20 @@ def test_concurrent_callers_and_pool_resizes_get_exact_products():
         sizes.join(timeout=10)
         ext.set_threads(NATIVE.threads)
     assert errors == []
+
+
+@needs_native
+def test_threads_are_capped_at_the_shared_pools_bound():
+    """The kernels run on the one native thread pool (native/pool.c): 8 threads at most,
+    and the kernel's threads() says what it uses."""
+    import mlxgraph.interpreter.native._quantized_matvec as ext
+
+    x, w, s, b = case(1, 2048, 1024, 8, 64, seed=11)
+    ext.set_threads(64)
+    try:
+        assert ext.threads() == 8
+        got = NATIVE.fn(x, w, s, b, 64, 8)
+    finally:
+        ext.set_threads(NATIVE.threads)
+    want = mx.quantized_matmul(x, w, s, b, transpose=True, group_size=64, bits=8)
+    assert float(mx.abs(got - want).max()) <= 1e-4 * float(mx.abs(want).max())

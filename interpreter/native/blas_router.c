@@ -243,7 +243,7 @@ static void run_blas(int matvec, int ta, int tb, int M, int N, int K, float alph
     j.per = (side + parts - 1) / parts;
     if (j.per < MIN_CHUNK) j.per = MIN_CHUNK;
     if (threads > 0) use_blas_threads(1);
-    pool_run(run_chunk, &j, (side + j.per - 1) / j.per, threads);
+    pool_run(run_chunk, &j, (side + j.per - 1) / j.per, threads, POOL_SLEEP_AT_ONCE);
 }
 
 void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float *A,

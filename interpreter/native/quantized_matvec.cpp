@@ -175,7 +175,8 @@ NB_MODULE(_quantized_matvec, m) {
     throw std::invalid_argument("set_level: not a level this CPU runs: " + name);
   }, nb::arg("name"), "Run the quantized kernel's code for ``name`` (tests, benchmarks).");
   m.def("level", [] { return std::string(levels()[g_level.load()].name); });
-  m.def("set_threads", [](int n) { g_threads = n < 1 ? 1 : n; }, nb::arg("threads"));
+  m.def("set_threads", [](int n) { g_threads = std::clamp(n, 1, POOL_MAX_THREADS); },
+        nb::arg("threads"));
   m.def("threads", [] { return g_threads.load(); });
   m.attr("MAX_ROWS") = MAX_ROWS;
 }

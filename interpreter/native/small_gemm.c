@@ -166,7 +166,7 @@ int small_gemm(int rows, int cols, int depth, float alpha, const float *x, long 
     int per = (cols + parts - 1) / parts;
     per = (per + AXPY_COLS - 1) / AXPY_COLS * AXPY_COLS;
     struct split sp = {&p, per};
-    pool_run(run_chunk, &sp, (cols + per - 1) / per, threads);
+    pool_run(run_chunk, &sp, (cols + per - 1) / per, threads, POOL_SLEEP_AT_ONCE);
     free(packed);
     return 0;
 }

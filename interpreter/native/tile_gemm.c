@@ -258,8 +258,9 @@ int tile_gemm(int rows, int cols, int depth, float alpha, const float *x, long x
     for (j.m0 = 0; j.m0 < rows; j.m0 += MC) {
         j.mrows = min_int(rows - j.m0, MC);
         j.panels = (j.mrows + MR - 1) / MR;
-        pool_run(pack_chunk, &j, j.panels * j.kblocks, threads);
-        pool_run(compute_chunk, &j, (cols + j.chunk_cols - 1) / j.chunk_cols, threads);
+        pool_run(pack_chunk, &j, j.panels * j.kblocks, threads, POOL_SLEEP_AT_ONCE);
+        pool_run(compute_chunk, &j, (cols + j.chunk_cols - 1) / j.chunk_cols, threads,
+                 POOL_SLEEP_AT_ONCE);
     }
     free(j.xp);
     free(j.scratch);
