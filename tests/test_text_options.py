@@ -88,7 +88,9 @@ def test_the_one_sampler_is_checked_by_the_options():
 
 def test_one_default_per_option_and_serve_s_own_declared_in_the_row():
     own = {(o.flags[0], c) for o in OPTIONS for c in o.defaults}
-    assert own == {("--max-tokens", "serve"), ("--prefill-chunk", "serve")}
+    # serve's sampling flags are defaults of requests: unset, each request gets OpenAI's.
+    sampling = {(f, "serve") for f in ("--temperature", "--top-k", "--top-p", "--min-p")}
+    assert own == {("--max-tokens", "serve"), ("--prefill-chunk", "serve")} | sampling
     for command in COMMANDS:
         p = parser(command)
         for o in OPTIONS:
@@ -100,6 +102,7 @@ def test_one_default_per_option_and_serve_s_own_declared_in_the_row():
     assert serve.get_default("prefill_chunk") == 256
     assert generate.get_default("max_tokens") == DEFAULT_MAX_TOKENS
     assert serve.get_default("max_tokens") == 1024
+    assert {serve.get_default(f) for f in ("temperature", "top_k", "top_p", "min_p")} == {None}
 
 
 @pytest.mark.parametrize("command", ["generate", "chat", "serve"])

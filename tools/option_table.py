@@ -35,6 +35,11 @@ SERVE_MAX_TOKENS = 1024
 # and every decoding stream waits for that round (docs/serve.md, "Many requests"): a smaller
 # chunk bounds the other streams' inter-token latency; generate has no one else to wait.
 SERVE_PREFILL_CHUNK = 256
+# serve: the sampling flags are server-wide defaults, each used by a request that does not
+# give the field (tools/serve/openai_requests.py); unset, a request gets OpenAI's defaults.
+# The filters (top-k, top-p, min-p) apply to sampled requests only, never to a greedy one.
+SERVE_DEFAULT = "the {field} of a sampled request that gives none (default: off)"
+SERVE_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed")
 
 
 @dataclass(frozen=True)
@@ -74,17 +79,23 @@ OPTIONS = (
     Option(("--ignore-eos",), "do not stop at the model's EOS tokens", TEXT, False,
            argparse={"action": "store_true"}),
     Option(("--temperature", "--temp"), "0 = greedy (default); > 0 samples (--temp is "
-           "mlx-lm's name)", TEXT, 0.0, argparse={"type": non_negative_float}),
-    Option(("--top-k",), "sample among the k most likely tokens (0 = off)", TEXT, 0,
+           "mlx-lm's name)", ALL, 0.0, defaults={"serve": None},
+           helps={"serve": "the temperature of a request that gives none (default: OpenAI's "
+                  "1.0; 0 = greedy)"}, argparse={"type": non_negative_float}),
+    Option(("--top-k",), "sample among the k most likely tokens (0 = off)", ALL, 0,
+           defaults={"serve": None}, helps={"serve": SERVE_DEFAULT.format(field="top_k")},
            argparse={"type": non_negative_int}),
-    Option(("--top-p",), "nucleus sampling mass (1.0 = off)", TEXT, 1.0,
+    Option(("--top-p",), "nucleus sampling mass (1.0 = off)", ALL, 1.0,
+           defaults={"serve": None}, helps={"serve": SERVE_DEFAULT.format(field="top_p")},
            argparse={"type": probability_mass}),
     Option(("--min-p",), "drop tokens below min-p times the top token's probability (0 = off)",
-           TEXT, 0.0, argparse={"type": float}),
+           ALL, 0.0, defaults={"serve": None},
+           helps={"serve": SERVE_DEFAULT.format(field="min_p")}, argparse={"type": float}),
     Option(("--repetition-penalty",), "> 1 discourages the last 20 tokens, as mlx-lm does "
            "(1.0 = off)", TEXT, 1.0, argparse={"type": float}),
-    Option(("--seed",), "random seed for sampling (default: random, reported)", TEXT,
-           argparse={"type": non_negative_int}),
+    Option(("--seed",), "random seed for sampling (default: random, reported)", ALL,
+           helps={"serve": "the seed of a request that gives none (default: a random one per "
+                  "request)"}, argparse={"type": non_negative_int}),
     Option(("--capacity",), "KV cache capacity in tokens (default: the graph's max context)",
            helps={"serve": "KV capacity of each request in tokens (default: the graph's "
                   "context)"}, argparse={"type": positive_int}),
@@ -120,4 +131,11 @@ def add_options(p, command: str) -> None:
         p.add_argument(*option.flags, **{"default": default, "help": text, **option.argparse})
 
 
-__all__ = ["OPTIONS", "SERVE_MAX_TOKENS", "SERVE_PREFILL_CHUNK", "Option", "add_options"]
+__all__ = [
+    "OPTIONS",
+    "SERVE_MAX_TOKENS",
+    "SERVE_PREFILL_CHUNK",
+    "SERVE_SAMPLING",
+    "Option",
+    "add_options",
+]

@@ -4,7 +4,7 @@ Each request gets its own session over the one loaded Program; one scheduler thr
 them all, interleaved. Needs the ``serve`` extra (starlette, uvicorn).
 """
 
-from mlxgraph.tools.option_table import add_options
+from mlxgraph.tools.option_table import SERVE_SAMPLING, add_options
 from mlxgraph.tools.output import ToolError, fail, non_negative_int, positive_float, positive_int
 from mlxgraph.tools.serve.options import ServeOptions
 
@@ -43,14 +43,15 @@ def serve_options(args):
     Raises:
         ToolError: naming the flag, or a graph path or --tokenizer folder that is not one.
     """
-    from mlxgraph.tools.text_options import GraphSource, session_options
+    from mlxgraph.tools.text_options import GraphSource, sampling_defaults, session_options
 
     session = session_options(args)
+    sampling = sampling_defaults(args, SERVE_SAMPLING)
     source = GraphSource.of(args)
     source.check()
     return ServeOptions(source, session, max_tokens=args.max_tokens,
                         max_sessions=args.max_sessions, max_queue=args.max_queue,
-                        cache_bytes=args.cache_memory << 20)
+                        cache_bytes=args.cache_memory << 20, sampling=sampling)
 
 
 def run(args) -> int:

@@ -45,6 +45,21 @@ def sampling_options(args) -> SamplingOptions:
         raise _flag(e) from None
 
 
+def sampling_defaults(args, names) -> dict:
+    """{field: value} of the sampling flags among ``names`` that were given (serve's
+    server-wide defaults), checked as a sampled request's settings.
+
+    Raises:
+        ToolError: naming the flag.
+    """
+    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    try:
+        SamplingOptions(**{"temperature": 1.0, **given})
+    except OptionError as e:
+        raise _flag(e) from None
+    return given
+
+
 @dataclass(frozen=True)
 class GraphSource:
     """The graph file to load and how: --tokenizer DIR, --compute-dtype, --element-limit,
@@ -155,6 +170,7 @@ __all__ = [
     "GraphSource",
     "TextOptions",
     "open_session",
+    "sampling_defaults",
     "sampling_options",
     "session_options",
     "text_options",

@@ -105,7 +105,8 @@ class Handlers:
     async def _serve(self, request, kind):
         try:
             doc = parse_json(await read_body(request))
-            req = parse_completion(doc) if kind == "completion" else parse_chat(doc)
+            parse = parse_completion if kind == "completion" else parse_chat
+            req = parse(doc, self.scheduler.options.sampling)
             job = self._job(req, await self.tokens.ids(req))
         except RequestError as e:
             return error_response(e)

@@ -19,6 +19,10 @@ MAX_TOP_LOGPROBS = 20
 MAX_MESSAGES = 4096
 # Fields a client may send that change nothing here (bookkeeping on OpenAI's side).
 INERT = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
+# The fields `mlxgraph serve --temp/--seed/--top-k/--top-p/--min-p` give defaults for, in the
+# order they are settled (the temperature first: the filters' defaults depend on it).
+SERVER_DEFAULTS = ("temperature", "seed", "top_k", "top_p", "min_p")
+FILTERS = frozenset({"top_k", "top_p", "min_p"})
 
 
 class RequestError(Error):
@@ -239,34 +243,46 @@ def _messages(v):
     return out
 
 
-def _request(kind, doc, fields) -> TextRequest:
-    req = TextRequest(kind=kind)
-    for name in ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p",
-                 "repetition_penalty", "seed", "stream", "ignore_eos"):
+def _sampling(req, fields, defaults) -> None:
+    """The request's sampling fields; one it does not give takes the server-wide default
+    (``mlxgraph serve --temp ...``), the filters (top_k, top_p, min_p) only when the request
+    samples (a greedy request has none: the server's would change nothing or be refused)."""
+    for name in SERVER_DEFAULTS:
         if name in fields:
             setattr(req, name, fields[name])
+        elif name in defaults and (name not in FILTERS or req.temperature > 0):
+            setattr(req, name, defaults[name])
+
+
+def _request(kind, doc, fields, defaults) -> TextRequest:
+    req = TextRequest(kind=kind)
+    for name in ("model", "max_tokens", "repetition_penalty", "stream", "ignore_eos"):
+        if name in fields:
+            setattr(req, name, fields[name])
+    _sampling(req, fields, defaults or {})
     req.stop = fields.get("stop", ())
     req.include_usage = _stream_options(doc)
     return req
 
 
-def parse_completion(doc: dict) -> TextRequest:
-    """A /v1/completions body. Raises RequestError."""
+def parse_completion(doc: dict, defaults=None) -> TextRequest:
+    """A /v1/completions body; ``defaults``: the server-wide sampling defaults ({field:
+    value}) for the fields it does not give. Raises RequestError."""
     fields = _fields(doc, COMPLETION)
     if "prompt" not in fields:
         raise RequestError("'prompt' is required", "prompt")
-    req = _request("completion", doc, fields)
+    req = _request("completion", doc, fields, defaults)
     req.prompt = _prompt(fields["prompt"])
     req.logprobs = fields.get("logprobs")
     return req
 
 
-def parse_chat(doc: dict) -> TextRequest:
-    """A /v1/chat/completions body. Raises RequestError."""
+def parse_chat(doc: dict, defaults=None) -> TextRequest:
+    """A /v1/chat/completions body; ``defaults`` as parse_completion's. Raises RequestError."""
     fields = _fields(doc, CHAT)
     if "messages" not in fields:
         raise RequestError("'messages' is required", "messages")
-    req = _request("chat", doc, fields)
+    req = _request("chat", doc, fields, defaults)
     req.messages = _messages(fields["messages"])
     if "max_completion_tokens" in fields:
         req.max_tokens = fields["max_completion_tokens"]

@@ -4,7 +4,7 @@ Imports nothing heavy (no mlx, no starlette): the command line builds it before 
 preload.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mlxgraph.generation.options import SessionOptions
 from mlxgraph.tools.option_table import SERVE_MAX_TOKENS
@@ -24,6 +24,8 @@ class ServeOptions:
         max_sessions: requests generating at once; max_queue: requests waiting for a slot
             (more get 429).
         cache_bytes: kept sessions' KV budget for prefix reuse (0: no reuse).
+        sampling: the server-wide sampling defaults ({field: value} of --temp, --top-k,
+            --top-p, --min-p, --seed as given), for the requests that do not set a field.
     """
 
     source: GraphSource
@@ -32,6 +34,7 @@ class ServeOptions:
     max_sessions: int = 16
     max_queue: int = 64
     cache_bytes: int = 1 << 30
+    sampling: dict = field(default_factory=dict)
 
 
 __all__ = ["ServeOptions"]

@@ -1,0 +1,75 @@
+"""`mlxgraph serve`'s OpenAI fields beyond the basics: server-wide sampling defaults (--temp,
+--top-k, --top-p, --min-p, --seed). The oracle of a greedy answer is a solo
+``mlxgraph.generate`` of the same prompt in this process.
+"""
+
+import pytest
+from serve_helpers import chat_graph, running_server
+from tool_helpers import run_cli
+
+import mlxgraph
+from mlxgraph.tools.serve.openai_requests import parse_chat, parse_completion
+
+CHUNK = 16
+PROMPT = "Once upon a time there was a tiny model"
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    return chat_graph(tmp_path_factory.mktemp("serve-fields") / "chat.mlxg")
+
+
+@pytest.fixture(scope="module")
+def program(graph):
+    return mlxgraph.load(graph)
+
+
+def test_a_request_without_a_field_gets_the_server_default():
+    defaults = {"temperature": 0.7, "top_k": 40, "top_p": 0.9, "min_p": 0.05, "seed": 3}
+    req = parse_completion({"prompt": "x"}, defaults)
+    assert (req.temperature, req.top_k, req.top_p, req.min_p, req.seed) == (0.7, 40, 0.9, 0.05, 3)
+    # A field the request gives wins over the server's.
+    req = parse_chat({"messages": [{"role": "user", "content": "x"}], "top_k": 5, "seed": 9,
+                      "temperature": 1.5}, defaults)
+    assert (req.temperature, req.top_k, req.top_p, req.seed) == (1.5, 5, 0.9, 9)
+    # Without server defaults: OpenAI's (temperature 1.0, no filters, a random seed).
+    req = parse_completion({"prompt": "x"})
+    assert (req.temperature, req.top_k, req.top_p, req.min_p, req.seed) == (1.0, 0, 1.0, 0.0,
+                                                                              None)
+
+
+def test_a_greedy_request_gets_none_of_the_server_s_filters():
+    defaults = {"top_k": 40, "top_p": 0.9, "min_p": 0.05, "seed": 3}
+    req = parse_completion({"prompt": "x", "temperature": 0}, defaults)
+    assert (req.temperature, req.top_k, req.top_p, req.min_p) == (0.0, 0, 1.0, 0.0)
+    req = parse_completion({"prompt": "x", "top_k": 7}, {"temperature": 0.0, **defaults})
+    assert (req.temperature, req.top_k, req.top_p, req.min_p) == (0.0, 7, 1.0, 0.0)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--min-p", "1.5"], "--min-p must be a number in [0, 1), got 1.5"),
+    (["--top-p", "0"], "argument --top-p"),
+    (["--temp", "-1"], "argument --temperature/--temp"),
+    (["--seed", "x"], "argument --seed"),
+])
+def test_bad_default_flags_are_usage_errors(capsys, flags, message):
+    code, out, err = run_cli(capsys, "serve", "g.mlxg", *flags)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_server_defaults_end_to_end(graph, program):
+    greedy = mlxgraph.generate(program, PROMPT, max_tokens=12, prefill_chunk=CHUNK,
+                               chat_template=False).text
+    with running_server(graph, "--prefill-chunk", CHUNK, "--temp", 0) as server:
+        client = server.client()
+        r = client.completions.create(model="chat", prompt=PROMPT, max_tokens=12)
+        assert r.choices[0].text == greedy
+    with running_server(graph, "--prefill-chunk", CHUNK, "--temp", 5, "--seed", 11) as server:
+        client = server.client()
+        texts = {client.completions.create(model="chat", prompt=PROMPT, max_tokens=12,
+                                           ).choices[0].text for _ in range(2)}
+        assert len(texts) == 1 and texts != {greedy}  # the server's seed, at temperature 5
+        other = client.completions.create(model="chat", prompt=PROMPT, max_tokens=12, seed=12)
+        assert {other.choices[0].text} != texts  # the request's own seed wins
+        r = client.completions.create(model="chat", prompt=PROMPT, max_tokens=12, temperature=0)
+        assert r.choices[0].text == greedy
