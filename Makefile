@@ -122,7 +122,7 @@ bench: $(BENCH_STAMP)
 
 # The peer comparisons that README.md and docs/ cite, measured again into docs/figures.md.
 figures: $(BENCH_STAMP)
-	$(PY) benchmarks/figures.py
+	$(PY) benchmarks/figures.py $(if $(ONLY),--only $(ONLY))
 
 # Quantized weights against llama.cpp alone (part of bench).
 bench-quantized: $(BENCH_STAMP)

@@ -40,7 +40,8 @@ def _engine(engine, model, args, log) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-def _table(doc) -> None:
+def print_report(doc) -> None:
+    """The table (from the --json document)."""
     ours = {r["batch"]: r for r in doc["mlxgraph"]["rows"]}
     peer = {r["batch"]: r for r in doc.get("mlx-lm", {}).get("rows", [])}
     single = ours[min(ours)]["batched"]["tok_s"]
@@ -94,7 +95,7 @@ def main(argv=None) -> int:
         json.dump(doc, sys.stdout, indent=1)
         print()
     else:
-        _table(doc)
+        print_report(doc)
     return 0
 
 

@@ -10,6 +10,7 @@ README.md and docs/ cite this file instead of copying its numbers.
 
 import argparse
 import contextlib
+import importlib
 import io
 import json
 import shlex
@@ -18,43 +19,111 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from generate_report import print_report
-from quantized_bench import print_table
-
 HERE = Path(__file__).resolve().parent
-# name -> (script and arguments, printer of its --json document, what it shows).
+# name -> (script and arguments, "module.function" printing its --json document, what it
+# shows). The printers are imported only when a table is printed: the benchmarks' imports
+# stay out of this process.
 FIGURES = {
     "generate": (
         ["generate_bench.py", "--sizes", "tiny,small", "--contexts", "", "--rounds", "2",
          "--runs", "2", "--engines", "mlxgraph,mlxgraph-cli,mlx-lm,mlx-lm+openblas,transformers"],
-        print_report,
+        "generate_report.print_report",
         "float32 generation: mlxgraph against mlx-lm (as installed, and with mlxgraph's "
         "OpenBLAS preloaded) and transformers",
     ),
     "quantized": (
         ["quantized_bench.py", "--models", "small", "--runs", "3"],
-        print_table,
+        "quantized_bench.print_table",
         "float32, q8 and q4 weights against llama.cpp f32, q8_0 and q4_0 of the same folder",
+    ),
+    "batch": (
+        ["batch_bench.py", "--new-tokens", "24"],
+        "batch_bench.print_report",
+        "batched decode (Program.step_batch) against the same sessions one after another "
+        "and mlx-lm's BatchGenerator (docs/architecture.md, Batched steps)",
+    ),
+    "serve": (
+        ["serve_bench.py"],
+        "serve_bench.print_report",
+        "mlxgraph serve against mlx_lm.server, 1, 4 and 16 streaming clients (docs/serve.md)",
+    ),
+    "session_state": (
+        ["session_state_bench.py"],
+        "session_state_bench.print_report",
+        "fork, save/restore and quantized KV on a 4k-token cache (docs/session-state.md)",
+    ),
+    "perplexity": (
+        ["perplexity_bench.py"],
+        "perplexity_bench.print_table",
+        "tiny-code's held-out loss and loss-pass speed per graph dtype and width "
+        "(docs/precision.md)",
+    ),
+    "pipeline": (
+        ["pipeline_bench.py"],
+        "pipeline_bench.print_report",
+        "generate --pipeline on 1, 2, 3 local ranks against one process (docs/pipeline.md)",
+    ),
+    "tile": (
+        ["tile_bench.py"],
+        "tile_bench.print_report",
+        "the BLAS router's many-row kernel against OpenBLAS's sgemm and torch (README)",
+    ),
+    "norm_rope": (
+        ["norm_rope_bench.py"],
+        "norm_rope_bench.print_report",
+        "native RMSNorm and RoPE against the MLX ops they replace (README)",
     ),
 }
 
 
+def printer(dotted: str):
+    """The function ``module.function`` of a benchmark module, imported now."""
+    module, _, name = dotted.rpartition(".")
+    sys.path.insert(0, str(HERE))
+    return getattr(importlib.import_module(module), name)
+
+
 def run_one(name: str) -> str:
     """One benchmark's section: heading, command, when, and its printed table."""
-    argv, printer, what = FIGURES[name]
+    argv, print_name, what = FIGURES[name]
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"figures: {name}: python benchmarks/{shlex.join(argv)} ...", file=sys.stderr)
     done = subprocess.run([sys.executable, str(HERE / argv[0]), *argv[1:], "--json"],
                           stdout=subprocess.PIPE, text=True)
-    if done.returncode not in (0, 1):  # quantized_bench exits 1 on a token mismatch: shown
+    # quantized_bench exits 1 on a token mismatch, perplexity_bench on a loss outside its
+    # tolerance: both are shown in the table.
+    if done.returncode not in (0, 1):
         raise SystemExit(f"figures: {argv[0]} failed (exit {done.returncode})")
     doc = json.loads(done.stdout)
     table = io.StringIO()
     with contextlib.redirect_stdout(table):
-        printer(doc)
+        printer(print_name)(doc)
     return (f"## {name}: {what}\n\n`python benchmarks/{shlex.join(argv)}`, started {started}"
             f"{'' if done.returncode == 0 else ' (exit 1: see the table)'}:\n\n"
             f"```text\n{table.getvalue().strip()}\n```\n")
+
+
+HEADER = (
+    "# Figures\n\nWritten by `make figures` (benchmarks/figures.py); do not edit by hand. "
+    "Peers run as their users run them (default settings, every core); the machine's "
+    "load average at the start and the end of each run is in its table: a loaded "
+    "machine is reported, never compensated. Only ratios within one table mean much on "
+    "a shared VM, and load does not slow every engine alike: llama.cpp's and torch's "
+    "spinning threads lose the most on a busy machine (llama.cpp decoded 6-9x slower at "
+    "load 5 than on a quiet machine, stop 25), so a table at load average 3-6 flatters "
+    "mlxgraph against them; prefer a run at load below 1.\n\n")
+
+
+def existing_sections(path: Path) -> dict:
+    """{name: section} already in the figures file, so ``--only`` replaces just those."""
+    if not path.is_file():
+        return {}
+    found = {}
+    for part in path.read_text().split("\n## ")[1:]:
+        name = part.split(":", 1)[0]
+        if name in FIGURES:
+            found[name] = "## " + part.rstrip("\n") + "\n"
+    return found
 
 
 def main(argv=None) -> int:
@@ -69,16 +138,11 @@ def main(argv=None) -> int:
     if unknown:
         print(f"figures: unknown benchmark {unknown[0]!r}", file=sys.stderr)
         return 2
-    sections = [run_one(n) for n in names]
-    Path(args.out).write_text(
-        "# Figures\n\nWritten by `make figures` (benchmarks/figures.py); do not edit by hand. "
-        "Peers run as their users run them (default settings, every core); the machine's "
-        "load average at the start and the end of each run is in its table: a loaded "
-        "machine is reported, never compensated. Only ratios within one table mean much on "
-        "a shared VM, and load does not slow every engine alike: llama.cpp's and torch's "
-        "spinning threads lose the most on a busy machine (llama.cpp decoded 6-9x slower at "
-        "load 5 than on a quiet machine, stop 25), so a table at load average 3-6 flatters "
-        "mlxgraph against them; prefer a run at load below 1.\n\n" + "\n".join(sections))
+    out = Path(args.out)
+    sections = existing_sections(out)
+    for name in names:  # written after each one: a long run cut short keeps what it measured
+        sections[name] = run_one(name)
+        out.write_text(HEADER + "\n".join(sections[n] for n in FIGURES if n in sections))
     print(f"figures: wrote {args.out}", file=sys.stderr)
     return 0
 

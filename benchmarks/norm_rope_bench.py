@@ -129,6 +129,23 @@ def processes(graph: Path, rounds: int, steps: int) -> dict:
     return {k: _stats(v) for k, v in best.items()}
 
 
+def print_report(doc) -> None:
+    """The table (from the --json document)."""
+    print(doc["kernel"])
+    print(f"{'op':24s} {'native min/med ms':>18s} {'MLX ops min/med ms':>19s} "
+          f"{'MLX/native min/med':>19s}")
+    rows = {**doc["ops"], f"prefill {PROMPT} (in turns)": doc["prefill_in_turns"]}
+    for name, r in rows.items():
+        n, m = r["native"], r["mlx"]
+        print(f"{name:24s} {n['min_ms']:8.3f} /{n['median_ms']:8.3f} "
+              f"{m['min_ms']:9.3f} /{m['median_ms']:8.3f} "
+              f"{m['min_ms'] / n['min_ms']:9.2f}x /{m['median_ms'] / n['median_ms']:6.2f}x")
+    p = doc["prefill_processes"]
+    print(f"prefill {PROMPT}, processes alternating the switch (all native ops): on "
+          f"{p['on']['min_ms']:.1f} / {p['on']['median_ms']:.1f} ms, off "
+          f"{p['off']['min_ms']:.1f} / {p['off']['median_ms']:.1f} ms (min / median)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=300, help="turns per op")
@@ -158,19 +175,7 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    print(report["kernel"])
-    print(f"{'op':24s} {'native min/med ms':>18s} {'MLX ops min/med ms':>19s} "
-          f"{'MLX/native min/med':>19s}")
-    rows = {**report["ops"], f"prefill {PROMPT} (in turns)": report["prefill_in_turns"]}
-    for name, r in rows.items():
-        n, m = r["native"], r["mlx"]
-        print(f"{name:24s} {n['min_ms']:8.3f} /{n['median_ms']:8.3f} "
-              f"{m['min_ms']:9.3f} /{m['median_ms']:8.3f} "
-              f"{m['min_ms'] / n['min_ms']:9.2f}x /{m['median_ms'] / n['median_ms']:6.2f}x")
-    p = report["prefill_processes"]
-    print(f"prefill {PROMPT}, processes alternating the switch (all native ops): on "
-          f"{p['on']['min_ms']:.1f} / {p['on']['median_ms']:.1f} ms, off "
-          f"{p['off']['min_ms']:.1f} / {p['off']['median_ms']:.1f} ms (min / median)")
+    print_report(report)
     return 0
 
 

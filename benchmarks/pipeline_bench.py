@@ -71,6 +71,23 @@ def _best(a, b) -> dict:
             "decode_tps": max(a["decode_tps"], b["decode_tps"])}
 
 
+def print_report(doc) -> None:
+    """The table (from the --json document)."""
+    cfg = doc["config"]
+    print(f"pipeline_bench: {doc['size']} model ({cfg['num_hidden_layers']} layers, hidden "
+          f"{cfg['hidden_size']}), {doc['prompt_tokens']}-token prompt, {doc['new_tokens']} "
+          f"new tokens, {doc['cores']} cores, load {doc['load_average']:.1f}")
+    print(f"{'ranks':<10} {'weights per rank':<34} {'peak MLX per rank':<34} "
+          f"{'prefill':>9} {'decode':>9} {'vs 1':>6} same")
+    for r in doc["rows"]:
+        w = ", ".join(human_bytes(b) if b else "all" for b in r["weight_bytes"])
+        m = ", ".join(human_bytes(b) for b in r["peak_memory_bytes"])
+        print(f"{r['ranks']!s:<10} {w:<34} {m:<34} {r['prefill_tps']:9.1f} "
+              f"{r['decode_tps']:9.1f} {r['decode_ratio']:6.2f} {r['same_tokens']}")
+    print(f"All ranks share this machine's {doc['cores']} cores and one sequence keeps one "
+          "stage busy at a time: these figures show the pipeline's overhead, not a speed-up.")
+
+
 def main(argv=None) -> int:
     """Run the benchmark; prints the table (or --json)."""
     ap = argparse.ArgumentParser(description="pipeline-parallel generate on local ranks")
@@ -102,22 +119,12 @@ def main(argv=None) -> int:
              "decode_ratio": res["decode_tps"] / base["decode_tps"],
              "same_tokens": res["tokens"] == base["tokens"]} for r, res in results.items()]
     doc = {"size": args.size, "config": cfg, "cores": os.cpu_count(),
+           "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
            "load_average": os.getloadavg()[0], "rows": rows}
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    print(f"pipeline_bench: {args.size} model ({cfg['num_hidden_layers']} layers, hidden "
-          f"{cfg['hidden_size']}), {args.prompt_tokens}-token prompt, {args.new_tokens} new "
-          f"tokens, {os.cpu_count()} cores, load {doc['load_average']:.1f}")
-    print(f"{'ranks':<10} {'weights per rank':<34} {'peak MLX per rank':<34} "
-          f"{'prefill':>9} {'decode':>9} {'vs 1':>6} same")
-    for r in rows:
-        w = ", ".join(human_bytes(b) if b else "all" for b in r["weight_bytes"])
-        m = ", ".join(human_bytes(b) for b in r["peak_memory_bytes"])
-        print(f"{r['ranks']!s:<10} {w:<34} {m:<34} {r['prefill_tps']:9.1f} "
-              f"{r['decode_tps']:9.1f} {r['decode_ratio']:6.2f} {r['same_tokens']}")
-    print(f"All ranks share this machine's {os.cpu_count()} cores and one sequence keeps one "
-          "stage busy at a time: these figures show the pipeline's overhead, not a speed-up.")
+    print_report(doc)
     return 0
 
 

@@ -181,6 +181,28 @@ def quantized_figures(program, prompt, new_tokens=256) -> dict:
     return out
 
 
+def print_report(doc) -> None:
+    """The figures as a table (from the --json document)."""
+    fork, saved = doc["fork"], doc["save_restore"]
+    print(f"model: {Path(doc['graph']).name} (~150M params, float32), context "
+          f"{doc['context']} tokens, BLAS {doc['blas']}")
+    print(f"fork          {fork['fork_seconds'] * 1e3:8.3f} ms   (copying every buffer: "
+          f"{fork['copy_all_buffers_seconds'] * 1e3:.1f} ms, "
+          f"{fork['copy_over_fork']:.0f}x the fork)")
+    print(f"first decode step after a fork {fork['first_step_after_fork_seconds'] * 1e3:.1f} ms, "
+          f"a decode step {fork['decode_step_seconds'] * 1e3:.1f} ms")
+    print(f"save          {saved['save_seconds']:8.3f} s    "
+          f"({saved['file_bytes'] / 2**20:.1f} MiB)")
+    print(f"restore       {saved['restore_seconds']:8.3f} s    (prefill of the same tokens: "
+          f"{saved['prefill_seconds']:.1f} s, {saved['prefill_over_restore']:.0f}x the restore)")
+    print("KV storage    bytes/token  vs float32  logits max err / range  "
+          "greedy agreement (256 tokens)")
+    for name, q in doc["quantized_kv"].items():
+        label = name if name == "float32" else f"{name}-bit"
+        print(f"  {label:<10} {q['bytes_per_token']:10.0f}  {q['bytes_vs_float32']:9.3f}  "
+              f"{q['logits_error_over_range']:20.4f}  {q['greedy_agreement'] * 100:14.1f} %")
+
+
 def main(argv=None) -> int:
     """Run every figure; print a table or one JSON document."""
     ap = argparse.ArgumentParser(description="fork, save/restore and quantized KV figures")
@@ -222,32 +244,8 @@ def main(argv=None) -> int:
     }
     if args.json:
         print(json.dumps(doc, indent=1))
-        return 0
-    print(f"model: {graph.name} (~150M params, float32), context {args.context} tokens, "
-          f"BLAS {blas.name}")
-    print(
-        f"fork          {fork['fork_seconds'] * 1e3:8.3f} ms   (copying every buffer: "
-        f"{fork['copy_all_buffers_seconds'] * 1e3:.1f} ms, {fork['copy_over_fork']:.0f}x the fork)"
-    )
-    print(
-        f"first decode step after a fork {fork['first_step_after_fork_seconds'] * 1e3:.1f} ms, "
-        f"a decode step {fork['decode_step_seconds'] * 1e3:.1f} ms"
-    )
-    print(
-        f"save          {saved['save_seconds']:8.3f} s    ({saved['file_bytes'] / 2**20:.1f} MiB)"
-    )
-    print(
-        f"restore       {saved['restore_seconds']:8.3f} s    (prefill of the same tokens: "
-        f"{saved['prefill_seconds']:.1f} s, {saved['prefill_over_restore']:.0f}x the restore)"
-    )
-    print("KV storage    bytes/token  vs float32  logits max err / range  "
-          "greedy agreement (256 tokens)")
-    for name, q in quant.items():
-        label = name if name == "float32" else f"{name}-bit"
-        print(
-            f"  {label:<10} {q['bytes_per_token']:10.0f}  {q['bytes_vs_float32']:9.3f}  "
-            f"{q['logits_error_over_range']:20.4f}  {q['greedy_agreement'] * 100:14.1f} %"
-        )
+    else:
+        print_report(doc)
     return 0
 
 

@@ -112,8 +112,9 @@ def measure(repeats: int, threads: list) -> dict:
 
 
 def print_report(doc: dict) -> None:
-    """One table per thread count."""
-    for t, part in doc.items():
+    """The load average, then one table per thread count (from the --json document)."""
+    print(f"load average {doc['load_average'][0]:.1f}")
+    for t, part in doc["threads"].items():
         if "error" in part:
             print(f"\n{t} thread(s): {part['error']} ({part['blas']})")
             continue
@@ -140,8 +141,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        print(f"load average {doc['load_average'][0]:.1f}")
-        print_report(doc["threads"])
+        print_report(doc)
     return 0
 
 
