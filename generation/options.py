@@ -11,7 +11,8 @@ BLAS preload. ``SessionOptions.open`` and ``make_sampler`` (sampling.py) use the
 """
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from numbers import Integral, Real
 
 from mlxgraph.generation.defaults import DEFAULT_PREFILL_CHUNK
@@ -115,6 +116,31 @@ class SessionOptions:
                                kv_bits=self.kv_bits or 0, kv_group_size=self.kv_group_size)
 
 
+MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on a logit_bias value
+MAX_PENALTY = 2.0  # OpenAI's bound on presence_penalty and frequency_penalty
+
+
+def _logit_bias(options) -> None:
+    """Check (and normalise to {int: float}) the ``logit_bias`` mapping: token ids >= 0 to
+    numbers in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]."""
+    value = options.logit_bias
+    if not isinstance(value, Mapping):
+        raise OptionError("logit_bias", f"must be a mapping of token ids to numbers, got "
+                          f"{type(value).__name__}")
+    out = {}
+    for token, bias in value.items():
+        if isinstance(token, bool) or not isinstance(token, Integral) or not \
+                0 <= token <= MAX_COUNT:
+            raise OptionError("logit_bias", f"keys must be token ids in [0, {MAX_COUNT}], got "
+                              f"{token!r}")
+        good = isinstance(bias, Real) and not isinstance(bias, bool) and math.isfinite(bias)
+        if not good or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise OptionError("logit_bias", f"values must be numbers in [-{MAX_LOGIT_BIAS:g}, "
+                              f"{MAX_LOGIT_BIAS:g}], got {bias!r} for token {token}")
+        out[int(token)] = float(bias)
+    object.__setattr__(options, "logit_bias", out)
+
+
 @dataclass(frozen=True)
 class SamplingOptions:
     """How the next token is chosen (greedy by default).
@@ -126,6 +152,12 @@ class SamplingOptions:
         min_p: drop tokens below min_p times the top token's probability, in [0, 1) (0 = off).
         repetition_penalty: > 1 discourages recent tokens, as mlx-lm does (1.0 = off); > 0.
         seed: starts the sampler's key chain, in [0, 2**64) (None: one is drawn).
+        presence_penalty: subtracted from the logit of every token generated so far, in
+            [-2, 2] (OpenAI's; 0 = off). The prompt's tokens do not count.
+        frequency_penalty: subtracted from a token's logit once per time it was generated,
+            in [-2, 2] (OpenAI's; 0 = off).
+        logit_bias: {token id: bias in [-100, 100]} added to those logits before every
+            choice (OpenAI's; empty = off).
     Raises:
         OptionError: a value of the wrong type or out of its range.
     """
@@ -136,6 +168,9 @@ class SamplingOptions:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping = field(default_factory=dict)
 
     def __post_init__(self):
         _number(self, "temperature", lambda v: v >= 0, "a finite number >= 0")
@@ -144,6 +179,10 @@ class SamplingOptions:
         _number(self, "min_p", lambda v: 0 <= v < 1, "a number in [0, 1)")
         _number(self, "repetition_penalty", lambda v: v > 0, "a finite number > 0")
         _int(self, "seed", 0, 2**64 - 1, optional=True, shown="[0, 2**64)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            _number(self, name, lambda v: -MAX_PENALTY <= v <= MAX_PENALTY,
+                    f"a number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]")
+        _logit_bias(self)
 
     @classmethod
     def of(cls, temperature=None, temp=None, **settings) -> "SamplingOptions":
@@ -165,6 +204,8 @@ __all__ = [
     "KV_BITS",
     "KV_DTYPES",
     "KV_GROUP_SIZES",
+    "MAX_LOGIT_BIAS",
+    "MAX_PENALTY",
     "OptionError",
     "SamplingOptions",
     "SessionOptions",

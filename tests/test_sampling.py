@@ -86,6 +86,68 @@ def test_sampler_rejects_bad_settings():
             Sampler(**kw)
 
 
+def _openai_logits(logits, generated, presence, frequency, bias):
+    """OpenAI's documented transform: mu[j] - c[j] * frequency - (c[j] > 0) * presence, plus
+    the logit bias (numpy, float64)."""
+    counts = np.bincount(np.asarray(generated, dtype=np.int64), minlength=logits.shape[-1])
+    out = logits.astype(np.float64) - counts * frequency - (counts > 0) * presence
+    for token, b in bias.items():
+        out[..., token] += b
+    return out
+
+
+@pytest.mark.parametrize("presence, frequency, bias", [
+    (0.0, 0.0, {3: 100.0, 7: -100.0}),
+    (1.5, 0.0, {}),
+    (0.0, 2.0, {}),
+    (-2.0, 0.7, {0: 5.5, 49: -3.0}),
+])
+def test_penalties_and_logit_bias_match_openai_s_transform(presence, frequency, bias):
+    """Step by step, over the tokens the sampler itself chose (greedy, so the choices are
+    the oracle's argmax too): the adjusted logits and the token equal numpy's."""
+    rng = np.random.default_rng(5)
+    sampler = Sampler(presence_penalty=presence, frequency_penalty=frequency, logit_bias=bias)
+    sampler.begin([1, 2, 3])  # the prompt's tokens are not penalised
+    generated = []
+    for _ in range(12):
+        # A narrow spread, so a penalised favourite loses its place
+        logits = (rng.standard_normal((1, 50)) * 0.5).astype(np.float32)
+        logits[0, 11] += 3.0  # a favourite the frequency penalty must wear down
+        want = _openai_logits(logits, generated, presence, frequency, bias)
+        got = np.array(sampler.adjust(mx.array(logits)))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+        token = int(np.array(sampler(mx.array(logits)))[0])
+        assert token == int(want.argmax()), generated
+        generated.append(token)
+    if frequency or presence:
+        assert len(set(generated)) > 1  # the penalty changed the choice
+    if bias.get(3) == 100.0:
+        assert set(generated) == {3}  # +100 wins every step
+
+
+def test_sampled_choice_sees_the_logit_bias():
+    logits = mx.zeros((1, 64))
+    sampler = Sampler(temperature=1.0, seed=3, logit_bias={5: -100.0, 9: 100.0})
+    assert {int(np.array(sampler(logits))[0]) for _ in range(20)} == {9}
+    banned = Sampler(temperature=1.0, seed=3, logit_bias=dict.fromkeys(range(63), -100.0))
+    assert {int(np.array(banned(logits))[0]) for _ in range(20)} == {63}
+
+
+def test_penalty_and_bias_settings_are_checked():
+    from mlxgraph.generation.options import OptionError
+
+    with pytest.raises(OptionError, match="presence_penalty must be a number in"):
+        Sampler(presence_penalty=2.5)
+    with pytest.raises(OptionError, match="frequency_penalty"):
+        Sampler(frequency_penalty=float("nan"))
+    with pytest.raises(OptionError, match=r"logit_bias values must be numbers in \[-100, 100\]"):
+        Sampler(logit_bias={1: 101})
+    with pytest.raises(OptionError, match="logit_bias keys must be token ids"):
+        Sampler(logit_bias={-1: 1})
+    with pytest.raises(OptionError, match=r"token id 64 is outside the vocabulary \[0, 64\)"):
+        Sampler(logit_bias={64: 1.0})(mx.zeros((1, 64)))
+
+
 # ---------------------------------------------------------------------------- tokenizers
 def test_byte_tokenizer_streams_whole_characters():
     tok = ByteTokenizer(256, bos=2, specials=(3,))

@@ -1,8 +1,11 @@
 """`mlxgraph serve`'s OpenAI fields beyond the basics: server-wide sampling defaults (--temp,
---top-k, --top-p, --min-p, --seed). The oracle of a greedy answer is a solo
-``mlxgraph.generate`` of the same prompt in this process.
+--top-k, --top-p, --min-p, --seed), logit_bias and the presence and frequency penalties.
+The oracle of a greedy answer is a solo ``mlxgraph.generate`` of the same prompt in this
+process (the library's sampler: tests/test_sampling.py checks it against numpy).
 """
 
+import httpx
+import openai
 import pytest
 from serve_helpers import chat_graph, running_server
 from tool_helpers import run_cli
@@ -73,3 +76,60 @@ def test_server_defaults_end_to_end(graph, program):
         assert {other.choices[0].text} != texts  # the request's own seed wins
         r = client.completions.create(model="chat", prompt=PROMPT, max_tokens=12, temperature=0)
         assert r.choices[0].text == greedy
+
+
+@pytest.fixture(scope="module")
+def server(graph):
+    with running_server(graph, "--prefill-chunk", CHUNK, "--max-tokens", 64) as s:
+        yield s
+
+
+def test_penalties_equal_the_library_s(server, program):
+    settings = {"frequency_penalty": 2.0, "presence_penalty": 0.5}
+    plain = mlxgraph.generate(program, PROMPT, max_tokens=24, prefill_chunk=CHUNK,
+                              chat_template=False, ignore_eos=True).text
+    want = mlxgraph.generate(program, PROMPT, max_tokens=24, prefill_chunk=CHUNK,
+                             chat_template=False, ignore_eos=True, **settings).text
+    assert want != plain  # the penalties change this answer
+    client = server.client()
+    r = client.completions.create(model="chat", prompt=PROMPT, max_tokens=24, temperature=0,
+                                  extra_body={"ignore_eos": True}, **settings)
+    assert r.choices[0].text == want
+    chunks = client.completions.create(model="chat", prompt=PROMPT, max_tokens=24, stream=True,
+                                       temperature=0, extra_body={"ignore_eos": True},
+                                       **settings)
+    assert "".join(c.choices[0].text for c in chunks) == want
+
+
+def test_logit_bias_forces_and_bans_tokens(server, program):
+    client = server.client()
+    tok = program.tokenizer
+    forced = tok.encode(" time")[-1]
+    r = client.completions.create(model="chat", prompt=PROMPT, max_tokens=5, temperature=1.0,
+                                  logit_bias={str(forced): 100})
+    assert r.choices[0].text == tok.decode([forced] * 5)
+    greedy = tok.encode(mlxgraph.generate(program, PROMPT, max_tokens=1, prefill_chunk=CHUNK,
+                                          chat_template=False).text)[0]
+    r = client.completions.create(model="chat", prompt=PROMPT, max_tokens=1, temperature=0,
+                                  logit_bias={str(greedy): -100})
+    assert tok.encode(r.choices[0].text)[0] != greedy
+    r = client.chat.completions.create(model="chat", max_tokens=3, temperature=0, messages=[
+        {"role": "user", "content": "Hello!"}], logit_bias={str(forced): 100})
+    assert r.choices[0].message.content == tok.decode([forced] * 3)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("logit_bias", {"abc": 1}, "keys must be token ids"),
+    ("logit_bias", {"5": 200}, "values must be numbers in [-100, 100], got 200 for token 5"),
+    ("logit_bias", {"999": 1}, "token id 999 is outside the vocabulary [0, "),
+    ("presence_penalty", 3, "must be a number in [-2.0, 2.0], got 3"),
+    ("frequency_penalty", -2.5, "must be a number in [-2.0, 2.0]"),
+])
+def test_bad_penalties_and_biases_are_400_naming_the_field(server, field, value, words):
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client().completions.create(model="chat", prompt="x", max_tokens=1,
+                                           **{field: value})
+    assert e.value.body["param"] == field and words in e.value.body["message"]
+    r = httpx.post(f"{server.base}/chat/completions", json={
+        "messages": [{"role": "user", "content": "x"}], field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field

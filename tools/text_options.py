@@ -13,6 +13,9 @@ from mlxgraph.generation.options import OptionError, SamplingOptions, SessionOpt
 from mlxgraph.tools.file_kind import graph_path_problem
 from mlxgraph.tools.output import ToolError
 
+# Sampling settings of the library and the server that no command-line flag sets.
+API_ONLY = frozenset({"presence_penalty", "frequency_penalty", "logit_bias"})
+
 
 def _flag(e: OptionError) -> ToolError:
     """The option's error, naming the flag that set it (``top_p`` -> ``--top-p``)."""
@@ -40,7 +43,8 @@ def sampling_options(args) -> SamplingOptions:
         ToolError: naming the flag.
     """
     try:
-        return SamplingOptions(**{f.name: getattr(args, f.name) for f in fields(SamplingOptions)})
+        return SamplingOptions(**{f.name: getattr(args, f.name) for f in fields(SamplingOptions)
+                                  if f.name not in API_ONLY})
     except OptionError as e:
         raise _flag(e) from None
 

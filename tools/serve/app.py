@@ -94,6 +94,10 @@ class Handlers:
         if req.max_tokens is not None and req.max_tokens > self.max_tokens:
             raise RequestError(f"'max_tokens' {req.max_tokens} is over this server's limit "
                                f"of {self.max_tokens}", "max_tokens")
+        bad = [t for t in req.logit_bias if t >= self.info.vocab_size]
+        if bad:
+            raise RequestError(f"'logit_bias': token id {bad[0]} is outside the vocabulary "
+                               f"[0, {self.info.vocab_size})", "logit_bias")
         try:  # the request's fields are checked already; this is the library's own check
             sampling = SamplingOptions(**{f.name: getattr(req, f.name)
                                           for f in fields(SamplingOptions)})

@@ -2,7 +2,7 @@
 
 Every field a client may send is listed here with its type and domain. A wrong type, a value
 out of range, an unknown field, or a field whose non-default value this server does not
-implement (``n`` > 1, penalties, ``logit_bias``, tools, ...) is a :class:`RequestError`
+implement (``echo``, tools, ...) is a :class:`RequestError`
 (HTTP 400, naming the field): a request is served exactly as asked, or refused.
 No mlx import.
 """
@@ -11,12 +11,14 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from mlxgraph.generation.options import MAX_COUNT, MAX_LOGIT_BIAS, MAX_PENALTY
 from mlxgraph.schema.errors import Error
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_TOP_LOGPROBS = 20
 MAX_MESSAGES = 4096
+MAX_TOKEN_ID = MAX_COUNT
 # Fields a client may send that change nothing here (bookkeeping on OpenAI's side).
 INERT = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
 # The fields `mlxgraph serve --temp/--seed/--top-k/--top-p/--min-p` give defaults for, in the
@@ -63,6 +65,9 @@ class TextRequest:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict = field(default_factory=dict)
     stop: tuple = ()
     stream: bool = False
     include_usage: bool = False
@@ -119,6 +124,23 @@ def _stop(name, v):
     return tuple(stops)
 
 
+def _logit_bias(name, v):
+    """OpenAI's logit_bias: {"token id": bias in [-100, 100]} -> {int: float} (the ids are
+    checked against the vocabulary with the prompt's)."""
+    if not isinstance(v, dict):
+        raise RequestError(f"'{name}' must be an object of token ids to numbers", name)
+    out = {}
+    for key, bias in v.items():
+        if not (key.isascii() and key.isdigit()) or int(key) > MAX_TOKEN_ID:
+            raise RequestError(f"'{name}' keys must be token ids (strings of digits), got "
+                               f"{key!r}", name)
+        if not _is_number(bias) or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise RequestError(f"'{name}' values must be numbers in [-{MAX_LOGIT_BIAS:g}, "
+                               f"{MAX_LOGIT_BIAS:g}], got {bias!r} for token {key}", name)
+        out[int(key)] = float(bias)
+    return out
+
+
 def _only(default, what):
     """A field accepted only at its default (what it would change is not implemented)."""
     def check(name, v):
@@ -145,9 +167,9 @@ COMMON = {
     "stop": _stop,
     "stream": _bool,
     "n": _only(1, "other than 1"),
-    "presence_penalty": _only(0, "other than 0"),
-    "frequency_penalty": _only(0, "other than 0"),
-    "logit_bias": _only({}, "with entries"),
+    "presence_penalty": _number(-MAX_PENALTY, MAX_PENALTY),
+    "frequency_penalty": _number(-MAX_PENALTY, MAX_PENALTY),
+    "logit_bias": _logit_bias,
     "ignore_eos": _bool,  # vLLM's extension: generate past the model's EOS tokens
     **{name: _inert for name in INERT},
 }
@@ -256,7 +278,8 @@ def _sampling(req, fields, defaults) -> None:
 
 def _request(kind, doc, fields, defaults) -> TextRequest:
     req = TextRequest(kind=kind)
-    for name in ("model", "max_tokens", "repetition_penalty", "stream", "ignore_eos"):
+    for name in ("model", "max_tokens", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty", "logit_bias", "stream", "ignore_eos"):
         if name in fields:
             setattr(req, name, fields[name])
     _sampling(req, fields, defaults or {})
