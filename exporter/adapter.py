@@ -68,7 +68,7 @@ _STEP: ContextVar = ContextVar("mlxgraph_adapter_step", default=None)
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """The ``mlxgraph`` attention implementation (transformers' attention-function signature).
 
-    Returns (output [B, T, Hq, Dv], None) like the built-in implementations.
+    Returns (output [B, T, Hq, Dv], contiguous, None) like the built-in implementations.
     Raises:
         AdapterError: called outside a DecoderAdapter, a custom mask, or an argument that
             might change attention and is not implemented.
@@ -108,7 +108,8 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     record.reference_cache.chunks[layer_id] = chunk
     out = torch.ops.mlxgraph.update_and_attend(query, key, value, position, layer_id, scale, None,
                                                kwargs.get("s_aux"), softcap)
-    return out.transpose(1, 2), None
+    # Contiguous as transformers' eager attention returns it: models .view() it (afmoe).
+    return out.transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
