@@ -2,8 +2,10 @@
 
 The public entry point is :func:`load`; docs/architecture.md#python-api describes the
 API. Importing this package imports neither mlx nor torch, so :func:`load` (or
-:func:`preload_blas`) can still put an optimised BLAS under MLX first; the error types
-below are resolved on first use.
+:func:`preload_blas`) can still put an optimised BLAS under MLX first. The other names are
+resolved on first use, and a name whose module imports mlx first puts that BLAS under it
+(when mlx is not imported yet), so ``from mlxgraph import load, generate`` is as fast as
+``import mlxgraph``.
 """
 
 __version__ = "0.1.0"
@@ -33,6 +35,14 @@ _LAZY = {
     "GenerationResult": "mlxgraph.generation.text",
     "ChatSession": "mlxgraph.generation.chat_session",
 }
+# The modules above that import neither mlx nor anything that does: no preload before them
+# (so ``from mlxgraph import preload_blas`` leaves the preload, and its env, to the caller).
+_MLX_FREE = frozenset({
+    "mlxgraph.schema.errors",
+    "mlxgraph.interpreter.errors",
+    "mlxgraph.interpreter.knobs",
+    "mlxgraph.interpreter.native.blas",
+})
 
 
 def load(path, element_limit=None, compute_dtype=None, pipeline=None, pipeline_timeout=None):
@@ -71,10 +81,24 @@ def load(path, element_limit=None, compute_dtype=None, pipeline=None, pipeline_t
                         pipeline=pipeline, pipeline_timeout=pipeline_timeout)
 
 
+def _preload_before_mlx() -> None:
+    """Put the optimised BLAS under MLX before a module that imports mlx is imported: once
+    mlx is, it is too late (load() would warn). Quiet: nothing is said when mlx or torch is
+    already there (load() says it); a bad MLXGRAPH_* knob raises here as in load()."""
+    import sys
+
+    if "mlx.core" not in sys.modules:
+        from mlxgraph.interpreter.native.blas import preload_blas
+
+        preload_blas()
+
+
 def __getattr__(name):
     if name in _LAZY:
         from importlib import import_module
 
+        if _LAZY[name] not in _MLX_FREE:
+            _preload_before_mlx()
         return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'mlxgraph' has no attribute {name!r}")
 

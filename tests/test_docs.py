@@ -1,5 +1,7 @@
 """Docs that run: every ``sh`` and ``python`` block of README.md and docs/*.md runs as written
-against what ``make demo`` produces (``out/tiny-llama.mlxg``), in a scratch folder.
+against what ``make demo`` produces (``out/tiny-llama.mlxg``), in a scratch folder, each
+in a fresh process, with the slow-BLAS warning (BlasPreloadWarning: mlx imported before
+mlxgraph could put the fast BLAS under it) an error: an example must be fast as written.
 
 A block's info string may add one word after the language: ``slow`` (runs under
 ``make test-slow`` only: exports, which import torch) or ``no-run`` (cannot run here: it
@@ -23,6 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.S | re.M)
 BIN = Path(sys.executable).parent
+SLOW_BLAS = "BlasPreloadWarning"
+# Every Python process a block starts (the CLI's too) turns that warning into an error. By
+# its text ("mlxgraph: ...", a RuntimeWarning): at startup Python cannot import the class.
+WARNINGS = "error:mlxgraph:RuntimeWarning"
 
 
 def blocks():
@@ -55,6 +61,7 @@ def _run(lang, code, cwd):
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "HF_HUB_OFFLINE": "1",
         "PYTHONPATH": "",
+        "PYTHONWARNINGS": WARNINGS,
     }
     argv = (
         ["bash", "-euo", "pipefail", "-c", code] if lang == "sh" else [sys.executable, "-c", code]
@@ -68,6 +75,7 @@ def _check(block, demo):
     assert proc.returncode == 0, (
         f"{name} ({lang}) failed:\n{code}\n--- stderr:\n{proc.stderr[-2000:]}"
     )
+    assert SLOW_BLAS not in proc.stderr, f"{name} ({lang}) runs on the slow BLAS:\n{code}"
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b[2] == ""], ids=lambda b: b[0])
@@ -79,6 +87,15 @@ def test_block_runs(block, demo):
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b[2] == "slow"], ids=lambda b: b[0])
 def test_slow_block_runs(block, demo):
     _check(block, demo)
+
+
+def test_a_block_importing_mlx_first_fails(demo):
+    """The check above can fail: mlx imported before load() is caught, in Python and in a
+    shell block's Python."""
+    code = 'import mlx.core\nimport mlxgraph\nmlxgraph.load("out/tiny-llama.mlxg")\n'
+    for lang, block in (("python", code), ("sh", f"python -c '{code}'")):
+        proc = _run(lang, block, demo)
+        assert proc.returncode != 0 and SLOW_BLAS in proc.stderr, (lang, proc.stderr[-2000:])
 
 
 def test_blocks_are_tagged_sparingly():
