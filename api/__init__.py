@@ -29,6 +29,7 @@ _LAZY = {
     "blas_in_use": "mlxgraph.interpreter.native.blas",
     "preload_blas": "mlxgraph.interpreter.native.blas",
     "TokenizerError": "mlxgraph.interpreter.text.tokenizer",
+    "OptionError": "mlxgraph.generation.options",
     # Text in, text out (import mlx on first use).
     "generate": "mlxgraph.generation.text",
     "stream_generate": "mlxgraph.generation.text",
@@ -42,6 +43,7 @@ _MLX_FREE = frozenset({
     "mlxgraph.interpreter.errors",
     "mlxgraph.interpreter.knobs",
     "mlxgraph.interpreter.native.blas",
+    "mlxgraph.generation.options",
 })
 
 

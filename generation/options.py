@@ -141,6 +141,22 @@ def _logit_bias(options) -> None:
     object.__setattr__(options, "logit_bias", out)
 
 
+# What greedy choice (temperature 0) ignores, with the value that means "off": set to
+# anything else it would be silently ignored, so it is refused. The penalties and the logit
+# bias change the logits before the argmax: they apply to greedy choice too.
+SAMPLING_ONLY = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": None}
+GREEDY_IGNORES = ("has no effect with temperature 0 (greedy choice): give a temperature > 0 "
+                  "(--temp) to sample, or leave it out")
+
+
+def _no_filters_when_greedy(options) -> None:
+    """Refuse a sampling-only setting under greedy choice (it would be silently ignored)."""
+    if options.temperature == 0.0:
+        for name, off in SAMPLING_ONLY.items():
+            if getattr(options, name) != off:
+                raise OptionError(name, GREEDY_IGNORES)
+
+
 @dataclass(frozen=True)
 class SamplingOptions:
     """How the next token is chosen (greedy by default).
@@ -152,6 +168,8 @@ class SamplingOptions:
         min_p: drop tokens below min_p times the top token's probability, in [0, 1) (0 = off).
         repetition_penalty: > 1 discourages recent tokens, as mlx-lm does (1.0 = off); > 0.
         seed: starts the sampler's key chain, in [0, 2**64) (None: one is drawn).
+        top_k, top_p, min_p and seed choose among sampled tokens: set with temperature 0
+        they would change nothing, and are refused (the penalties and the bias apply).
         presence_penalty: subtracted from the logit of every token generated so far, in
             [-2, 2] (OpenAI's; 0 = off). The prompt's tokens do not count.
         frequency_penalty: subtracted from a token's logit once per time it was generated,
@@ -159,7 +177,8 @@ class SamplingOptions:
         logit_bias: {token id: bias in [-100, 100]} added to those logits before every
             choice (OpenAI's; empty = off).
     Raises:
-        OptionError: a value of the wrong type or out of its range.
+        OptionError: a value of the wrong type or out of its range, or a sampling-only
+            setting with temperature 0.
     """
 
     temperature: float = 0.0
@@ -183,6 +202,7 @@ class SamplingOptions:
             _number(self, name, lambda v: -MAX_PENALTY <= v <= MAX_PENALTY,
                     f"a number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]")
         _logit_bias(self)
+        _no_filters_when_greedy(self)
 
     @classmethod
     def of(cls, temperature=None, temp=None, **settings) -> "SamplingOptions":
@@ -207,6 +227,7 @@ __all__ = [
     "MAX_LOGIT_BIAS",
     "MAX_PENALTY",
     "OptionError",
+    "SAMPLING_ONLY",
     "SamplingOptions",
     "SessionOptions",
 ]

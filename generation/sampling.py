@@ -12,6 +12,7 @@ Imports mlx: import this only after the BLAS preload (see mlxgraph.interpreter.n
 
 import math
 import os
+from numbers import Real
 
 import mlx.core as mx
 
@@ -116,7 +117,8 @@ class Sampler:
     Args:
         temperature, top_k, top_p, seed, min_p, repetition_penalty: as
             :class:`~mlxgraph.generation.options.SamplingOptions` takes them (which checks
-            them), except that a ``seed`` of None is 0 (make_sampler draws one).
+            them), except that a ``seed`` of None is 0 (make_sampler draws one) and a greedy
+            sampler takes any seed (it never draws).
         repetition_context: how many of the latest tokens the penalty looks at (mlx-lm's 20);
             the penalty applies to greedy choice too, and sees the prompt.
         presence_penalty, frequency_penalty, logit_bias: as SamplingOptions takes them; they
@@ -139,8 +141,10 @@ class Sampler:
         frequency_penalty: float = 0.0,
         logit_bias: dict | None = None,
     ):
-        o = SamplingOptions(temperature, top_k, top_p, min_p, repetition_penalty, seed,
-                            presence_penalty, frequency_penalty, logit_bias or {})
+        greedy = isinstance(temperature, Real) and temperature == 0
+        o = SamplingOptions(temperature, top_k, top_p, min_p, repetition_penalty,
+                            None if greedy else seed, presence_penalty, frequency_penalty,
+                            logit_bias or {})
         if isinstance(repetition_context, bool) or not isinstance(repetition_context, int) \
                 or repetition_context < 1:
             raise OptionError("repetition_context", f"must be an integer >= 1, got "

@@ -181,6 +181,10 @@ def stream_generate(
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if sampler is not None and sampling:
+        raise ValueError(f"give a sampler or sampling settings ({', '.join(sampling)}), not both")
+    # the settings first: a bad one (a seed with temperature 0...) is refused before any work
+    sampler = sampler if sampler is not None else make_sampler(SamplingOptions.of(**sampling))
     if tokenizer is None and not _is_ids(prompt):
         tokenizer = program.tokenizer
     elif tokenizer is None:
@@ -191,9 +195,6 @@ def stream_generate(
     if bad:
         raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
     eos = stop_ids(program, tokenizer, extra_eos, ignore_eos)
-    if sampler is not None and sampling:
-        raise ValueError(f"give a sampler or sampling settings ({', '.join(sampling)}), not both")
-    sampler = sampler if sampler is not None else make_sampler(SamplingOptions.of(**sampling))
     if session is None:
         options = SessionOptions(capacity=capacity, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk)
         session = options.open(program)

@@ -125,6 +125,28 @@ def test_penalties_and_logit_bias_match_openai_s_transform(presence, frequency, 
         assert set(generated) == {3}  # +100 wins every step
 
 
+def test_greedy_choice_sees_the_repetition_penalty():
+    """CTRL's rule (numpy) over the prompt's and the generated tokens, under greedy choice:
+    the penalty is accepted with temperature 0 because it changes the argmax."""
+    rng = np.random.default_rng(7)
+    sampler = Sampler(repetition_penalty=3.0, repetition_context=4)
+    context, changed = [11, 12], False
+    sampler.begin(context)
+    for _ in range(10):
+        logits = (rng.standard_normal((1, 40)) * 0.3).astype(np.float32)
+        logits[0, 11] += 1.0  # a favourite in the prompt: the penalty must move the choice
+        want = logits.astype(np.float64)
+        recent = sorted(set(context[-4:]))
+        want[0, recent] = np.where(want[0, recent] < 0, want[0, recent] * 3.0,
+                                   want[0, recent] / 3.0)
+        np.testing.assert_allclose(np.array(sampler.adjust(mx.array(logits))), want, atol=1e-6)
+        token = int(np.array(sampler(mx.array(logits)))[0])
+        assert token == int(want.argmax())
+        changed |= token != int(logits.argmax())
+        context.append(token)
+    assert changed
+
+
 def test_sampled_choice_sees_the_logit_bias():
     logits = mx.zeros((1, 64))
     sampler = Sampler(temperature=1.0, seed=3, logit_bias={5: -100.0, 9: 100.0})

@@ -44,9 +44,15 @@ def test_a_request_without_a_field_gets_the_server_default():
 def test_a_greedy_request_gets_none_of_the_server_s_filters():
     defaults = {"top_k": 40, "top_p": 0.9, "min_p": 0.05, "seed": 3}
     req = parse_completion({"prompt": "x", "temperature": 0}, defaults)
-    assert (req.temperature, req.top_k, req.top_p, req.min_p) == (0.0, 0, 1.0, 0.0)
-    req = parse_completion({"prompt": "x", "top_k": 7}, {"temperature": 0.0, **defaults})
-    assert (req.temperature, req.top_k, req.top_p, req.min_p) == (0.0, 7, 1.0, 0.0)
+    assert (req.temperature, req.top_k, req.top_p, req.min_p, req.seed) == (0.0, 0, 1.0, 0.0,
+                                                                              None)
+    # A greedy request's own filters and seed are accepted (OpenAI clients send them with
+    # temperature 0) and change nothing, as docs/serve.md says; the penalties stay.
+    req = parse_completion({"prompt": "x", "top_k": 7, "top_p": 0.5, "seed": 1,
+                            "frequency_penalty": 1.0}, {"temperature": 0.0})
+    assert (req.temperature, req.top_k, req.top_p, req.min_p, req.seed) == (0.0, 0, 1.0, 0.0,
+                                                                              None)
+    assert req.frequency_penalty == 1.0
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -54,6 +60,9 @@ def test_a_greedy_request_gets_none_of_the_server_s_filters():
     (["--top-p", "0"], "argument --top-p"),
     (["--temp", "-1"], "argument --temperature/--temp"),
     (["--seed", "x"], "argument --seed"),
+    # server-wide defaults that greedy requests would ignore: refused as generate refuses them
+    (["--temp", "0", "--top-p", "0.9"], "--top-p has no effect with temperature 0"),
+    (["--temp", "0", "--seed", "1"], "--seed has no effect with temperature 0"),
 ])
 def test_bad_default_flags_are_usage_errors(capsys, flags, message):
     code, out, err = run_cli(capsys, "serve", "g.mlxg", *flags)
@@ -75,6 +84,10 @@ def test_server_defaults_end_to_end(graph, program):
         other = client.completions.create(model="chat", prompt=PROMPT, max_tokens=12, seed=12)
         assert {other.choices[0].text} != texts  # the request's own seed wins
         r = client.completions.create(model="chat", prompt=PROMPT, max_tokens=12, temperature=0)
+        assert r.choices[0].text == greedy
+        # what OpenAI clients send: a greedy request with a seed and top_p is served, greedy
+        r = client.completions.create(model="chat", prompt=PROMPT, max_tokens=12, temperature=0,
+                                      seed=5, top_p=0.1)
         assert r.choices[0].text == greedy
 
 

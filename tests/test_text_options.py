@@ -75,6 +75,43 @@ def test_options_are_frozen_normalised_and_take_mlx_lm_names():
     assert SessionOptions().prefill_chunk == DEFAULT_PREFILL_CHUNK
 
 
+@pytest.mark.parametrize("settings", [{"top_k": 40}, {"top_p": 0.9}, {"min_p": 0.1},
+                                      {"seed": 1}, {"seed": 0}])
+def test_greedy_refuses_what_only_sampling_uses(settings):
+    """With temperature 0 the choice is an argmax: a filter or a seed would be silently
+    ignored, so it is refused naming the field and saying to give a temperature."""
+    name = next(iter(settings))
+    for make in (lambda: SamplingOptions(**settings), lambda: SamplingOptions.of(**settings)):
+        with pytest.raises(OptionError, match=re.escape(f"{name} has no effect with temperature "
+                                                        "0 (greedy choice)")) as e:
+            make()
+        assert e.value.option == name and "--temp" in str(e.value)
+    assert SamplingOptions.of(temp=0.7, **settings).temperature == 0.7  # sampled: fine
+    # the library's entry point refuses it the same way, before anything runs
+    from mlxgraph.generation.text import stream_generate
+
+    with pytest.raises(OptionError, match=name):
+        next(stream_generate(None, "x", **settings))
+
+
+def test_greedy_takes_the_penalties_and_the_bias():
+    """They change the logits before the argmax (tests/test_sampling.py checks the values)."""
+    o = SamplingOptions(repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=1.0,
+                        logit_bias={3: 5.0})
+    assert o.temperature == 0.0 and o.logit_bias == {3: 5.0}
+
+
+def test_generate_without_temp_refuses_sampling_flags(capsys):
+    """docs/generate.md's old example: --min-p and --seed without --temp ran greedy."""
+    code, out, err = run_cli(capsys, "generate", "g.mlxg", "--prompt", "Hello", "--min-p", "0.1",
+                             "--repetition-penalty", "1.2", "--seed", "1")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith("mlxgraph: generate: --min-p has no effect with temperature 0"), err
+    assert "--temp" in err
+    code, _, err = run_cli(capsys, "chat", "g.mlxg", "--seed", "3")
+    assert code == 2 and err.startswith("mlxgraph: chat: --seed has no effect"), err
+
+
 def test_the_one_sampler_is_checked_by_the_options():
     from mlxgraph.generation.sampling import Sampler, make_sampler
 

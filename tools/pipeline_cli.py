@@ -57,9 +57,10 @@ def load_options(args) -> dict:
 
 
 def share_seed(program, sampling):
-    """``sampling`` with rank 0's seed on every rank (drawn there when --seed is not given)."""
+    """``sampling`` with rank 0's seed on every rank (drawn there when --seed is not given);
+    greedy choice has no seed (every rank's command is the same, so all skip the gather)."""
     link = program.link
-    if link is None or link.size == 1 or sampling.seed is not None:
+    if link is None or link.size == 1 or sampling.seed is not None or not sampling.temperature:
         return sampling
     mine = int.from_bytes(os.urandom(4), "little") >> 1
     return replace(sampling, seed=link.gather([mine])[0][0])

@@ -51,7 +51,9 @@ def sampling_options(args) -> SamplingOptions:
 
 def sampling_defaults(args, names) -> dict:
     """{field: value} of the sampling flags among ``names`` that were given (serve's
-    server-wide defaults), checked as a sampled request's settings.
+    server-wide defaults), checked as a sampled request's settings, or, with --temp 0, as a
+    greedy one's: a filter or seed beside --temp 0 is refused, as generate refuses it (a
+    request's own are accepted and change nothing: OpenAI clients send them).
 
     Raises:
         ToolError: naming the flag.

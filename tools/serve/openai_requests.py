@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from mlxgraph.generation.options import MAX_COUNT, MAX_LOGIT_BIAS, MAX_PENALTY
+from mlxgraph.generation.options import MAX_COUNT, MAX_LOGIT_BIAS, MAX_PENALTY, SAMPLING_ONLY
 from mlxgraph.schema.errors import Error
 
 MAX_STOP_STRINGS = 16
@@ -268,12 +268,17 @@ def _messages(v):
 def _sampling(req, fields, defaults) -> None:
     """The request's sampling fields; one it does not give takes the server-wide default
     (``mlxgraph serve --temp ...``), the filters (top_k, top_p, min_p) only when the request
-    samples (a greedy request has none: the server's would change nothing or be refused)."""
+    samples. A greedy request (temperature 0) drops its top_k, top_p, min_p and seed, which
+    change nothing in an argmax: OpenAI clients send a seed or top_p with temperature 0 as a
+    matter of course, so the server accepts them (docs/serve.md), where generate refuses."""
     for name in SERVER_DEFAULTS:
         if name in fields:
             setattr(req, name, fields[name])
         elif name in defaults and (name not in FILTERS or req.temperature > 0):
             setattr(req, name, defaults[name])
+    if req.temperature == 0:
+        for name, off in SAMPLING_ONLY.items():
+            setattr(req, name, off)
 
 
 def _request(kind, doc, fields, defaults) -> TextRequest:
