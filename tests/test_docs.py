@@ -76,6 +76,19 @@ def _check(block, demo):
         f"{name} ({lang}) failed:\n{code}\n--- stderr:\n{proc.stderr[-2000:]}"
     )
     assert SLOW_BLAS not in proc.stderr, f"{name} ({lang}) runs on the slow BLAS:\n{code}"
+    left = _not_ignored(sorted(p.relative_to(demo).as_posix() for p in demo.rglob("*")
+                               if p.is_file()))
+    assert not left, f"{name} writes {left}, which .gitignore does not cover: run in a checkout, " \
+        "they would show as untracked"
+
+
+def _not_ignored(paths: list) -> list:
+    """The paths (relative to the checkout's top) that its .gitignore does not cover."""
+    if not (ROOT / ".git").exists() or shutil.which("git") is None:
+        return []  # not a checkout: nothing to keep clean
+    proc = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "--stdin"],
+                          input="\n".join(paths), capture_output=True, text=True, timeout=60)
+    return sorted(set(paths) - set(proc.stdout.splitlines()))
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b[2] == ""], ids=lambda b: b[0])
@@ -96,6 +109,10 @@ def test_a_block_importing_mlx_first_fails(demo):
     for lang, block in (("python", code), ("sh", f"python -c '{code}'")):
         proc = _run(lang, block, demo)
         assert proc.returncode != 0 and SLOW_BLAS in proc.stderr, (lang, proc.stderr[-2000:])
+
+
+def test_the_ignore_check_can_fail():
+    assert _not_ignored(["out/x.mlxg", "result.json", "notes.md"]) == ["notes.md"]
 
 
 def test_blocks_are_tagged_sparingly():
