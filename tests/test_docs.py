@@ -115,6 +115,26 @@ def test_the_ignore_check_can_fail():
     assert _not_ignored(["out/x.mlxg", "result.json", "notes.md"]) == ["notes.md"]
 
 
+def test_the_readme_says_first_how_to_get_mlxgraph_on_path():
+    """Every block runs with the venv's bin on PATH (above): the README must tell its reader
+    to do the same, before its first command."""
+    readme = (ROOT / "README.md").read_text()
+    first = readme.index("```sh\n")  # the first block that runs
+    for step in ("source .venv/bin/activate", 'pip install -e ".[export,serve]"'):
+        assert 0 <= readme.find(step) < first, step
+
+
+@pytest.mark.skipif(not (BIN / "activate").exists(), reason="not run from a virtual environment")
+def test_activate_puts_mlxgraph_on_path(tmp_path):
+    """The README's way: `source .venv/bin/activate` in a shell that has nothing of it."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(["bash", "-c", f"source '{BIN}/activate' && mlxgraph --version && "
+                           "python -m mlxgraph --version"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("mlxgraph 0.") == 2, proc.stdout
+
+
 def test_blocks_are_tagged_sparingly():
     tags = [b[2] for b in BLOCKS]
     assert set(tags) <= {"", "slow", "no-run"}, tags
