@@ -72,7 +72,8 @@ class SessionOptions:
     """How a generation's session (its KV cache) is made.
 
     Args:
-        capacity: KV cache capacity in tokens (None: the graph's max context).
+        capacity: KV cache capacity in tokens (None: the model's own maximum, bounded by
+            memory; interpreter/session/capacity.py).
         prefill_chunk: prompt tokens per prefill step; also the session's largest step.
         kv_dtype: the KV cache's storage dtype, one of KV_DTYPES (None: the compute dtype).
         kv_bits: store the KV cache quantized to 4 or 8 bits (None: floats).

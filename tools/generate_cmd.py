@@ -139,7 +139,7 @@ def _prepare(args, options):
     if has_full_attention(program, session) and len(ids) > session.capacity:
         raise ToolError(
             f"the prompt has {len(ids)} tokens, more than the KV capacity of "
-            f"{session.capacity} (--capacity, or the graph's max context)"
+            f"{session.capacity} ({session.capacity_reason}; --capacity sets it)"
         )
     sampler = make_sampler(sampling)
     cache_report = None
@@ -228,7 +228,8 @@ def _run(args, options, blas) -> int:
     doc["stats"]["half_matvec"] = half_matvec_stats(program)
     doc["stats"]["native_ops"] = native_ops_stats()
     doc["kv_cache"] = {
-        **{k: session.policy[k] for k in ("kv_dtype", "kv_bits", "kv_group_size")},
+        **{k: session.policy[k] for k in ("capacity", "kv_dtype", "kv_bits", "kv_group_size")},
+        "capacity_reason": session.capacity_reason,
         "approximations": {str(k): v for k, v in session.approximations.items()},
     }
     doc["prompt_cache"] = cache_report.as_dict() if cache_report else None

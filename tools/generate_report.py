@@ -80,6 +80,10 @@ def print_stats(stats, doc, blas, err) -> None:
         f"{human_bytes(s['peak_rss_bytes'])} process RSS",
         file=err,
     )
+    kv = doc.get("kv_cache")
+    if kv:
+        print(f"context      {kv['capacity']} tokens of KV capacity ({kv['capacity_reason']})",
+              file=err)
     if s.get("device"):
         print(f"device       {s['device']['mlx']}, {s['device']['plan']} plan", file=err)
     print(f"BLAS         {blas.describe()}", file=err)

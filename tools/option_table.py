@@ -96,9 +96,11 @@ OPTIONS = (
     Option(("--seed",), "random seed for sampling (default: random, reported)", ALL,
            helps={"serve": "the seed of a request that gives none (default: a random one per "
                   "request)"}, argparse={"type": non_negative_int}),
-    Option(("--capacity",), "KV cache capacity in tokens (default: the graph's max context)",
-           helps={"serve": "KV capacity of each request in tokens (default: the graph's "
-                  "context)"}, argparse={"type": positive_int}),
+    Option(("--capacity",), "KV cache capacity in tokens (default: the model's own maximum "
+           "context, bounded by memory; the stats say which)",
+           helps={"serve": "KV capacity of each request in tokens (default: the model's own "
+                  "maximum context, bounded by memory; said at start)"},
+           argparse={"type": positive_int}),
     Option(("--prefill-chunk",), "prompt tokens per prefill step (default {default})", ALL,
            DEFAULT_PREFILL_CHUNK, defaults={"serve": SERVE_PREFILL_CHUNK},
            helps={"serve": "prompt tokens per prefill step, between decode steps "

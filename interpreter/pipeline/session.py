@@ -60,6 +60,19 @@ class PipelineSession(Session):
         except (SessionError, CacheError) as e:  # e.g. a window only this rank's stores refuse
             error = e
         self._agree_or_raise((_OPEN, 0, 0, 0), error)
+        if options.get("capacity") is None:  # the same on every rank: all gather
+            self._agree_on_capacity()
+
+    def _agree_on_capacity(self) -> None:
+        """Every rank takes the smallest default capacity: each bounds its own by its own
+        memory and its own layers (session/capacity.py), and a step must fit on all."""
+        agreed = min(c for c, in self._link.gather([self.capacity]))
+        if agreed < self.capacity:
+            self.capacity = self._options["capacity"] = agreed
+            if self._options["max_step"] is None:
+                self.max_step = min(agreed, 512)
+            self.capacity_reason = "the memory of another rank of the pipeline"
+            self._reset()
 
     @property
     def approximations(self) -> dict:

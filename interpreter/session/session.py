@@ -14,9 +14,9 @@ from mlxgraph.interpreter.errors import SessionError
 from mlxgraph.interpreter.index_guard import PendingChecks, failed_check_error, poison
 from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
 from mlxgraph.interpreter.node_runner import last_position, run_nodes
+from mlxgraph.interpreter.session.capacity import AS_ASKED, default_capacity
 from mlxgraph.interpreter.session.lock import SessionLock
 from mlxgraph.interpreter.session.options import (
-    MAX_CAPACITY,
     check_preallocation,
     count_option,
     window_per_layer,
@@ -30,8 +30,6 @@ from mlxgraph.interpreter.session.step_inputs import (
     plan_inputs,
 )
 
-DEFAULT_CAPACITY = 4096
-
 
 class Session(SessionState):
     """Runs a Program's main chain step by step with its own KV cache. ``fork()``, ``save``,
@@ -39,8 +37,9 @@ class Session(SessionState):
 
     Args:
         program: the loaded Program.
-        capacity: the most tokens of history a full-attention layer holds
-            (default: the graph's max context, else 4096).
+        capacity: the most tokens of history a full-attention layer holds (default: the
+            model's own maximum, bounded by memory: session/capacity.py; the choice and why
+            in ``capacity_reason``).
         kv_dtype: storage dtype of the cache ('float16', mx.float16, ...); None = compute dtype.
         windows: ring window per layer: an int for every layer, or {layer_id: window};
             default the graph's own sliding windows. On a sliding layer it only sizes the
@@ -75,18 +74,21 @@ class Session(SessionState):
         self._options = {"capacity": capacity, "kv_dtype": kv_dtype, "windows": windows,
                          "preallocate": preallocate, "max_step": max_step, "kv_bits": kv_bits,
                          "kv_group_size": kv_group_size}
-        meta = program.metadata
-        default = meta.max_context if 0 < meta.max_context <= MAX_CAPACITY else DEFAULT_CAPACITY
-        self.capacity = count_option("capacity", default if capacity is None else capacity,
-                                     self._fail)
         try:
             self.kv_dtype = to_mx_dtype(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
         except KeyError:
             raise self._fail(f"kv_dtype {kv_dtype!r} is not a dtype name "
                              "(float32, float16, bfloat16)") from None
+        self._windows = window_per_layer(program.layers, windows, self._fail)
+        self.capacity_reason = AS_ASKED
+        if capacity is None:
+            itemsize = getattr(self.kv_dtype, "size", 4)  # the compute dtype's is <= float32's
+            capacity, self.capacity_reason = default_capacity(
+                program, self._windows, itemsize, int(kv_bits or 0), int(kv_group_size))
+            self._options["capacity"] = capacity  # a fork gets the same, whatever memory says
+        self.capacity = count_option("capacity", capacity, self._fail)
         default_step = min(self.capacity, 512) if max_step is None else max_step
         self.max_step = count_option("max_step", default_step, self._fail)
-        self._windows = window_per_layer(program.layers, windows, self._fail)
         self._preallocate = bool(preallocate)
         self.stores = {}
         self._reset()

@@ -31,6 +31,7 @@ class SessionState(ForksOnCopy):
             stores, length = {lid: store.fork() for lid, store in self.stores.items()}, self._length
             pending = self._pending.copy()  # a bad lazy token in the history fails both
         twin = type(self)(self.program, **self._options)
+        twin.capacity_reason = self.capacity_reason
         twin.adopt_stores(stores, length)
         twin._pending = pending
         return twin

@@ -17,7 +17,7 @@ with its session; a finished one leaves its session to the prefix cache.
 import collections
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mlxgraph.tools.serve.openai_requests import RequestError
 from mlxgraph.tools.serve.options import ServeOptions
@@ -35,6 +35,7 @@ class ModelInfo:
     capacity: int
     full_attention: bool
     approximations: dict  # {layer_id: window} of full-attention layers under --window
+    capacity_reason: str = ""  # why that capacity (session/capacity.py)
 
 
 class Scheduler:
@@ -147,7 +148,11 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001 - a bad EOS list in the file
             raise ToolError(f"{opts.source.graph}: {e}") from None
         self.info = ModelInfo(tokenizer, eos, program.metadata.vocab_size, probe.capacity,
-                              has_full_attention(program, probe), dict(probe.approximations))
+                              has_full_attention(program, probe), dict(probe.approximations),
+                              probe.capacity_reason)
+        # Every request gets the probe's capacity, what the handlers check prompts against
+        # (a default bounded by memory could differ from one request to the next).
+        self._session_options = replace(opts.session, capacity=probe.capacity)
         self._cache = PrefixCache(opts.cache_bytes)
         self._stepper = Stepper(opts.session.prefill_chunk, self.counters)
 
@@ -157,7 +162,7 @@ class Scheduler:
 
         opts = self.options
         try:
-            return open_session(self._program, opts.session, opts.source.graph)
+            return open_session(self._program, self._session_options, opts.source.graph)
         except ToolError as e:
             raise RequestError(str(e), status=500, kind="server_error") from None
 

@@ -101,7 +101,8 @@ def serve(scheduler, sock, model_id: str, shutdown_timeout: float = 10.0,
     host, port = sock.getsockname()[:2]
     print(f"mlxgraph serve: {model_id} on http://{_host(host)}:{port} "
           f"(up to {scheduler.options.max_sessions} requests at once, "
-          f"context {scheduler.info.capacity} tokens)", file=sys.stderr, flush=True)
+          f"context {scheduler.info.capacity} tokens: {scheduler.info.capacity_reason})",
+          file=sys.stderr, flush=True)
     try:
         server.run(sockets=[sock])
     finally:
