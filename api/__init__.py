@@ -35,6 +35,7 @@ _LAZY = {
     "stream_generate": "mlxgraph.generation.text",
     "GenerationResult": "mlxgraph.generation.text",
     "ChatSession": "mlxgraph.generation.chat_session",
+    "ChatBusyError": "mlxgraph.generation.chat_session",
 }
 # The modules above that import neither mlx nor anything that does: no preload before them
 # (so ``from mlxgraph import preload_blas`` leaves the preload, and its env, to the caller).
@@ -103,6 +104,11 @@ def __getattr__(name):
             _preload_before_mlx()
         return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'mlxgraph' has no attribute {name!r}")
+
+
+def __dir__():
+    # dir() and help() list the public names too, not only what was imported so far.
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = ["load", "__version__", *_LAZY]

@@ -82,7 +82,7 @@ def kept(program, turns: int, answer: int) -> list:
     rows = []
     for _ in range(turns):
         t0 = time.perf_counter()
-        last = list(chat.send(USER))[-1]
+        last = list(chat.stream(USER))[-1]
         rows.append(
             (last.stats.prompt_tokens, time.perf_counter() - t0, chat.messages[-1]["content"])
         )

@@ -4,14 +4,27 @@ Every turn renders the whole conversation with the chat template (so the ids the
 are exactly the full-history template's ids, as transformers' ``apply_chat_template`` gives
 them), then keeps the longest prefix the session already holds and feeds only the rest.
 Regenerating rewinds the session to before the last answer (``trim``); reset empties it.
+One turn at a time: a call while an answer is still streaming (started and neither finished
+nor closed) is refused with ChatBusyError, since its history would interleave.
 
 Imports mlx: import this only after the BLAS preload (see mlxgraph.interpreter.native.blas).
 """
+
+import threading
 
 from mlxgraph.generation.loop import GenerationStats
 from mlxgraph.generation.text import stream_generate
 from mlxgraph.interpreter.cache.kv_cache import CacheError
 from mlxgraph.interpreter.text.tokenizer import TokenizerError
+from mlxgraph.schema.errors import Error
+
+
+class ChatBusyError(Error, RuntimeError):
+    """A ChatSession call while one of its answers is still streaming."""
+
+
+BUSY = ("an answer of this ChatSession is still streaming: finish it or close() it before the "
+        "next call")
 
 
 def common_prefix(a, b) -> int:
@@ -51,32 +64,74 @@ class ChatSession:
         self.generation = generation
         self.messages = list(self.system)
         self.held = []  # the ids whose K/V the session holds, in order
+        self._busy = threading.Lock()  # held while an answer streams
 
-    def send(self, text: str, stats: GenerationStats | None = None):
-        """Add a user message and stream the answer (GenerationResponse per token).
-
-        The answer joins the conversation when the stream ends (also when interrupted).
-        """
-        self.messages.append({"role": "user", "content": text})
-        return self._answer(stats, new_message=True)
-
-    def regenerate(self, stats: GenerationStats | None = None):
-        """Drop the last answer and stream a new one for the same user message.
+    def send(self, text: str, stats: GenerationStats | None = None) -> str:
+        """Add a user message and return the whole answer (its text).
 
         Raises:
-            ValueError: there is no answer to regenerate.
+            ChatBusyError: an answer is still streaming; the errors of :meth:`stream`.
         """
+        return "".join(r.text for r in self.stream(text, stats))
+
+    def stream(self, text: str, stats: GenerationStats | None = None):
+        """Add a user message and stream the answer (a GenerationResponse per token).
+
+        Nothing happens until the first piece is asked for; the message and the answer
+        join the conversation when the stream ends (also when interrupted or closed).
+
+        Raises:
+            ChatBusyError: another answer is still streaming (finish or close() it first).
+        """
+        self._refuse_if_busy()
+        return self._answer(stats, message={"role": "user", "content": text})
+
+    def regenerate(self, stats: GenerationStats | None = None) -> str:
+        """Drop the last answer and return a new one for the same user message.
+
+        Raises:
+            ValueError: there is no answer to regenerate. ChatBusyError: as :meth:`send`.
+        """
+        return "".join(r.text for r in self.stream_regenerate(stats))
+
+    def stream_regenerate(self, stats: GenerationStats | None = None):
+        """:meth:`regenerate`, streamed as :meth:`stream` streams.
+
+        Raises:
+            ValueError: there is no answer to regenerate. ChatBusyError: as :meth:`stream`.
+        """
+        self._refuse_if_busy()
         if not self.messages or self.messages[-1]["role"] != "assistant":
             raise ValueError("no answer to regenerate yet")
-        self.messages.pop()
-        return self._answer(stats)
+        return self._answer(stats, regenerate=True)
 
     def reset(self) -> None:
-        """Forget the conversation (the system prompt stays) and empty the session."""
+        """Forget the conversation (the system prompt stays) and empty the session.
+
+        Raises:
+            ChatBusyError: an answer is still streaming.
+        """
+        self._refuse_if_busy()
         self.session.reset()
         self.messages, self.held = list(self.system), []
 
-    def _answer(self, stats, new_message: bool = False):
+    def _refuse_if_busy(self) -> None:
+        if self._busy.locked():
+            raise ChatBusyError(BUSY)
+
+    def _answer(self, stats, message=None, regenerate=False):
+        if not self._busy.acquire(blocking=False):  # another stream began since this was made
+            raise ChatBusyError(BUSY)
+        try:
+            if regenerate:
+                self.messages.pop()
+            if message is not None:
+                self.messages.append(message)
+            yield from self._turn(stats, new_message=message is not None)
+        finally:
+            self._busy.release()
+
+    def _turn(self, stats, new_message: bool):
         stats = stats if stats is not None else GenerationStats()
         ids = self.tokenizer.apply_chat_template(self.messages, add_generation_prompt=True)
         # Keep what the session already holds; at least the last prompt token is fed anew
@@ -115,4 +170,4 @@ class ChatSession:
                 self.messages.pop()
 
 
-__all__ = ["ChatSession", "common_prefix"]
+__all__ = ["ChatBusyError", "ChatSession", "common_prefix"]

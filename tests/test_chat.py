@@ -155,7 +155,7 @@ def test_chat_keeps_one_session(chat_model):
     )
     previous = 0
     for text, want in zip(("Hello", "Tell me a story.", "Thank you!"), refs["chat"], strict=True):
-        responses = list(chat.send(text))
+        responses = list(chat.stream(text))
         stats = responses[-1].stats
         ids = want["ids"]  # transformers: the full history's template
         assert chat.held[: len(ids)] == ids  # what the session holds, in order
@@ -166,13 +166,44 @@ def test_chat_keeps_one_session(chat_model):
         assert stats.prompt_tokens < len(ids) or previous == 0
         previous = len(ids)
     # Regenerate: trimmed to before the answer, one token fed, the same greedy answer.
-    again = list(chat.regenerate())
+    again = list(chat.stream_regenerate())
     assert (
         again[-1].stats.prompt_tokens == 1
         and "".join(r.text for r in again) == refs["chat"][-1]["text"]
     )
     chat.reset()
-    assert list(chat.send("Hello"))[-1].stats.cached_tokens == 0
+    assert list(chat.stream("Hello"))[-1].stats.cached_tokens == 0
+    # send() returns the answer itself, the same text as the stream gave
+    chat.reset()
+    assert chat.send("Hello") == refs["chat"][0]["text"]
+    assert chat.regenerate() == refs["chat"][0]["text"]
+
+
+def test_one_answer_at_a_time(chat_model):
+    """Two turns before the first is read used to interleave the history: now the second
+    call is refused while the first streams, and an unread stream changes nothing."""
+    _, graph, refs = chat_model
+    program = mlxgraph.load(graph)
+    chat = ChatSession(program, program.tokenizer, program.session(),
+                       system_prompt="Be brief.", max_tokens=12)
+    unread = chat.stream("Never read")
+    assert chat.messages == [{"role": "system", "content": "Be brief."}]
+    unread.close()
+    first = chat.stream("Hello")
+    next(first)
+    for call in (lambda: chat.send("Tell me a story."), lambda: chat.stream("x"),
+                 chat.reset, chat.regenerate):
+        with pytest.raises(mlxgraph.ChatBusyError, match="still streaming"):
+            call()
+    list(first)
+    assert len(chat.messages) == 3 and chat.messages[-1]["role"] == "assistant"
+    assert chat.send("Tell me a story.") == refs["chat"][1]["text"]
+    # a stream abandoned half way (closed) frees the chat; its partial answer is kept
+    partial = chat.stream("Thank you!")
+    next(partial)
+    partial.close()
+    assert chat.messages[-2]["content"] == "Thank you!" and len(chat.messages) == 7
+    chat.reset()
 
 
 def test_chat_command_reports_what_it_prefilled(chat_model):

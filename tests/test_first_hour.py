@@ -228,3 +228,14 @@ def test_export_without_the_extra_says_how_to_install(tmp_path):
 def test_process_seconds_counts_from_process_start():
     # This process imported pytest, mlx and more before the test ran.
     assert process_seconds() > 0.2
+
+
+def test_dir_and_help_list_the_public_names_and_the_package_is_typed():
+    import mlxgraph
+
+    assert {"load", "generate", "stream_generate", "ChatSession", "ChatBusyError", "Program",
+            "Error", "OptionError", "preload_blas"} <= set(dir(mlxgraph))
+    assert set(mlxgraph.__all__) <= set(dir(mlxgraph))
+    from pathlib import Path
+
+    assert (Path(mlxgraph.__file__).parent / "py.typed").is_file()  # PEP 561

@@ -82,11 +82,12 @@ def _loop(chat, interactive: bool) -> int:
             print("(new conversation)", file=sys.stderr)
             continue
         try:
-            turn = chat.regenerate() if command == "/regenerate" else chat.send(line)
+            turn = chat.stream_regenerate() if command == "/regenerate" else chat.stream(line)
         except ValueError as e:
             print(f"({e})", file=sys.stderr)
             continue
         code = _stream(turn)
+        turn.close()  # one stopped by Ctrl-C between two pieces frees the chat now
         if code:
             return code
 
