@@ -9,8 +9,10 @@ from mlxgraph.exporter.pipeline import (
     AdapterError,
     ExportError,
     TraceError,
+    UnsupportedModelError,
     UnsupportedOpsError,
     export,
 )
 
-__all__ = ["export", "ExportError", "AdapterError", "TraceError", "UnsupportedOpsError"]
+__all__ = ["export", "ExportError", "UnsupportedModelError", "AdapterError", "TraceError",
+           "UnsupportedOpsError"]

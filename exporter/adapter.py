@@ -23,7 +23,9 @@ import torch
 from transformers import AttentionInterface
 
 from mlxgraph.exporter.attention_op import ReferenceCache, update_and_attend, using_reference_cache
+from mlxgraph.exporter.errors import TraceError
 from mlxgraph.exporter.model_support import AdapterError, chunked_layers
+from mlxgraph.exporter.trace_scope import torch_reason
 from mlxgraph.schema.records import LayerCacheInfo
 
 ATTN_IMPLEMENTATION = "mlxgraph"
@@ -70,8 +72,8 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
 
     Returns (output [B, T, Hq, Dv], contiguous, None) like the built-in implementations.
     Raises:
-        AdapterError: called outside a DecoderAdapter, a custom mask, or an argument that
-            might change attention and is not implemented.
+        AdapterError: called outside a DecoderAdapter, attention that is not causal, a custom
+            mask, or an argument that might change attention and is not implemented.
     """
     step = _STEP.get()
     if step is None:
@@ -86,6 +88,9 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         raise AdapterError(f"{where}: a second attention call with layer_idx {layer_id} in one "
                            "forward (a reused or shared layer); each needs a KV cache of its own")
     used.add(layer_id)
+    if getattr(module, "is_causal", True) is False or kwargs.get("is_causal") is False:
+        raise AdapterError(f"{where}: attention in both directions (is_causal=False): not a "
+                           "causal decoder")
     if attention_mask is not None:
         raise AdapterError(f"{where}: an explicit attention mask is not supported")
     # An unknown flag left off (None / False) asks for nothing.
@@ -122,16 +127,27 @@ class DecoderAdapter(torch.nn.Module):
         model: a transformers ``*ForCausalLM`` in eval mode; its attention implementation
             is switched to ``mlxgraph``, and a mixture-of-experts model's experts
             implementation to ``batched_mm``.
+    Raises:
+        AdapterError: the model's attention implementation cannot be switched.
 
-    A model whose attention does not go through transformers' AttentionInterface keeps
-    its own; ``layer_infos()`` then stays empty after a forward, which export() reports.
-    (transformers' ``is_backend_compatible()`` flag cannot decide this up front: some
-    models that do use the interface, e.g. StableLM, leave it False.)
+    A model whose attention implementation cannot be switched (its attention code does not
+    go through transformers' AttentionInterface: XGLM, RWKV's recurrence) is refused here,
+    before tracing; one that switches but whose layers still call none of it leaves
+    ``layer_infos()`` empty after a forward, which export() reports. (transformers'
+    ``is_backend_compatible()`` flag cannot decide this up front: some models that do use
+    the interface, e.g. StableLM, leave it False.)
     """
 
     def __init__(self, model):
         super().__init__()
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        # transformers keeps (and only logs about) the implementation of a model whose
+        # attention code does not go through the AttentionInterface: nothing would call ours.
+        if model.config._attn_implementation != ATTN_IMPLEMENTATION:
+            raise AdapterError(
+                f"{type(model).__name__}: its attention is not computed through transformers' "
+                "AttentionInterface (the implementation cannot be switched), so no layer "
+                "would keep a KV cache")
         use_export_friendly_experts(model)
         self.model = model
         # Chunked layers are known from the config: the attention call does not say.
@@ -139,12 +155,22 @@ class DecoderAdapter(torch.nn.Module):
                                   {id(m): p for p, m in model.named_modules()})
 
     def forward(self, tokens, positions):
-        """Run one step; also records each attention layer's geometry (see layer_infos)."""
+        """Run one step; also records each attention layer's geometry (see layer_infos).
+
+        Raises:
+            TraceError: the model's code depends on tensor values (while tracing).
+        """
         token = _STEP.set((positions.reshape(-1, 1), self.record, set()))
         try:
             with using_reference_cache(self.record.reference_cache):
                 out = self.model(input_ids=tokens, position_ids=positions.unsqueeze(0),
                                  use_cache=False)
+        except RuntimeError as e:
+            # torch's tracer would attach the partial FX graph to a data-dependent error and
+            # torch.export print it (pages): it is said in one line instead.
+            if "data-dependent" in str(e):
+                raise TraceError(torch_reason(e)) from e
+            raise
         finally:
             _STEP.reset(token)
         return out.logits

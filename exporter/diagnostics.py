@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from mlxgraph.schema.errors import Error
+from mlxgraph.exporter.errors import UnsupportedModelError
 
 
 @dataclass(frozen=True)
@@ -19,15 +19,23 @@ class Problem:
         return f"{self.target}{why} at {self.location} [fx node {self.node}]"
 
 
-class UnsupportedOpsError(Error):
-    """The model uses ops the exporter cannot lower; ``problems`` lists all of them."""
+class UnsupportedOpsError(UnsupportedModelError):
+    """The model uses ops the exporter cannot lower; ``problems`` lists all of them.
+
+    The message is one line: the first problem in graph order (the op, why, the module and
+    the model's source line), then how many more there are and which other ops they name.
+    """
 
     def __init__(self, problems):
         self.problems = list(problems)
-        targets = sorted({p.target for p in self.problems})
-        lines = [f"{len(targets)} unsupported op(s): {', '.join(targets)}"]
-        lines += [f"  - {p}" for p in self.problems]
-        super().__init__("\n".join(lines))
+        first = self.problems[0]
+        why = f" ({first.reason})" if first.reason else ""
+        line = f"unsupported op {first.target}{why} at {first.location}"
+        others = sorted({p.target for p in self.problems[1:]} - {first.target})
+        if len(self.problems) > 1:
+            line += f"; {len(self.problems) - 1} more problem(s)"
+            line += f", other ops: {', '.join(others)}" if others else ""
+        super().__init__(line)
 
 
 def source_location(node, strip_prefix: str = "model.") -> str:

@@ -20,8 +20,26 @@ class ExportError(Error):
         return text.replace(self.option, names[self.option]) if self.option in names else text
 
 
-class TraceError(Error):
+class UnsupportedModelError(Error):
+    """The model cannot be exported exactly, so it is refused (the CLI's exit 1).
+
+    Every refusal has one shape, one line: ``<model type>: <where>: <why>``. ``reason`` is
+    the where and why; ``model_type`` (the config's) is filled in by export() once known.
+    The adapter's, the tracer's and the lowering's refusals are subclasses.
+    """
+
+    def __init__(self, reason: str, model_type: str = ""):
+        # One line, whatever a caller passes (torch's and transformers' texts run to pages).
+        self.reason = " ".join(str(reason).split())
+        self.model_type = model_type
+        super().__init__(self.reason)
+
+    def __str__(self) -> str:
+        return f"{self.model_type}: {self.reason}" if self.model_type else self.reason
+
+
+class TraceError(UnsupportedModelError):
     """torch.export could not trace the adapted model (e.g. data-dependent control flow)."""
 
 
-__all__ = ["ExportError", "TraceError"]
+__all__ = ["ExportError", "TraceError", "UnsupportedModelError"]

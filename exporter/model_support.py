@@ -15,10 +15,10 @@ builds a model for every entry.
 import re
 from dataclasses import dataclass
 
-from mlxgraph.schema.errors import Error
+from mlxgraph.exporter.errors import UnsupportedModelError
 
 
-class AdapterError(Error):
+class AdapterError(UnsupportedModelError):
     """The model uses an attention feature or layer kind the graph cannot express."""
 
 
@@ -26,7 +26,7 @@ class AdapterError(Error):
 class ModuleRule:
     """Modules the graph cannot run: matched by class name and, optionally, an attribute."""
 
-    class_pattern: str  # re.search on the class name
+    class_pattern: str  # re.search on the class name ("" for any class)
     feature: str  # what is missing, as the message says it
     attribute: str = ""  # also require an attribute (parameter, submodule) of this name
 
@@ -41,9 +41,10 @@ class ModuleRule:
 UNSUPPORTED_MODULES = (
     ModuleRule(r"Mamba|Mixer$|SSM", "state-space layers are not supported", attribute="A_log"),
     # MLA's decompressed K/V would fit the op, but its partial RoPE writes slices in place
-    # (slice_scatter) and its group-limited router scatters: neither lowers yet.
+    # (slice_scatter) and its group-limited router scatters: neither lowers yet. Known by
+    # its compressed K/V projection, whatever the class is called (LongcatFlashMLA).
     ModuleRule(
-        r"Attention$",
+        "",
         "multi-head latent attention (MLA) is not supported",
         attribute="kv_a_proj_with_mqa",
     ),

@@ -12,21 +12,20 @@ from pathlib import Path
 import torch
 
 from mlxgraph.exporter.adapter import AdapterError, DecoderAdapter
-from mlxgraph.exporter.builtins import BUILD_LOCK, BUILTINS, TRAINED_BUILTINS, builtin_model
-from mlxgraph.exporter.errors import ExportError, TraceError
+from mlxgraph.exporter.builtins import BUILD_LOCK
+from mlxgraph.exporter.errors import ExportError, TraceError, UnsupportedModelError
 from mlxgraph.exporter.finite_weights import nonfinite_weights
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
 from mlxgraph.exporter.model_info import DEFAULT_MAX_SEQ_LEN, model_info, resolve_max_seq_len
+from mlxgraph.exporter.model_loading import DTYPES, load_model
 from mlxgraph.exporter.model_support import check_model
 from mlxgraph.exporter.quantize import QuantizeRecipe, quantize_graph
-from mlxgraph.exporter.trace_scope import ModuleScope
+from mlxgraph.exporter.trace_scope import ModuleScope, torch_reason
 from mlxgraph.schema.atomic_write import check_replaceable
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.spec import op_spec
-from mlxgraph.schema.tokenizer_files import TokenizerFilesError, read_tokenizer_folder
 from mlxgraph.schema.writer import GraphWriter
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Graph inputs: int32 because MLX indexes and embeds with int32 natively; int64 would
 # buy nothing below 2**31 tokens or positions.
 INPUT_DTYPE = torch.int32
@@ -41,75 +40,13 @@ def _no_progress(_message: str) -> None:
     pass
 
 
-def load_model(model, dtype: str):
-    """(model, source info) for a built-in name, a model folder, or a ready nn.Module.
-
-    Raises:
-        ExportError: unknown name, not a model folder, a folder transformers cannot load,
-            a checkpoint that lacks weights, a module that is not a transformers model, or
-            an unknown dtype.
-    """
-    if dtype not in DTYPES:
-        raise ExportError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}", "dtype")
-    if isinstance(model, torch.nn.Module):
-        if not hasattr(model, "set_attn_implementation"):
-            raise ExportError(
-                f"{type(model).__name__} is not a transformers model (export takes a *ForCausalLM)"
-            )
-        info = {"source": type(model).__name__, "tokenizer": "", "files": {}}
-        return model.eval().to(DTYPES[dtype]), info
-    name = str(model)
-    if name in BUILTINS:
-        return builtin_model(name).to(DTYPES[dtype]), {
-            "source": name,
-            "tokenizer": "byte",
-            "files": {},
-        }
-    # A trained built-in is a Hugging Face folder shipped in the package: the same path as any.
-    folder = TRAINED_BUILTINS.get(name, Path(name))
-    if not (folder / "config.json").is_file():
-        known = ", ".join([*TRAINED_BUILTINS, *BUILTINS])
-        raise ExportError(
-            f"unknown model {name!r}: not a folder with config.json, nor a built-in ({known})"
-        )
-    from transformers import AutoModelForCausalLM
-
-    try:  # (transformers' model building has process-global state: builds take turns)
-        with BUILD_LOCK:
-            m, loading = AutoModelForCausalLM.from_pretrained(
-                folder, dtype=DTYPES[dtype], output_loading_info=True)
-    except Exception as e:  # config, weights, safetensors, missing code: all the folder's fault
-        raise ExportError(f"{folder}: cannot load the model: {type(e).__name__}: {e}") from e
-    # transformers fills what the checkpoint lacks with random weights and only logs it;
-    # a graph of partly random weights must not look like a successful export.
-    # (Weights of the wrong shape already fail the load.)
-    missing = sorted(loading.get("missing_keys", ()))
-    if missing:
-        shown = ", ".join(missing[:5]) + (
-            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        )
-        raise ExportError(f"{folder}: the checkpoint lacks {len(missing)} weight(s): {shown}")
-    files = {}
-    if (folder / "tokenizer.json").is_file():
-        try:
-            files = read_tokenizer_folder(folder)
-        except TokenizerFilesError as e:
-            raise ExportError(f"cannot embed the tokenizer: {e}") from None
-    # The folder's name only: the exporting machine's paths stay out of the file.
-    return m.eval(), {
-        "source": folder.resolve().name,
-        "tokenizer": "embedded" if files else "",
-        "files": files,
-    }
-
-
 def trace(adapter, max_seq_len: int):
     """torch.export the adapter with a dynamic sequence length T in [1, max_seq_len].
 
     Raises:
         AdapterError: the model's attention asked for something the graph op cannot do.
-        TraceError: torch.export failed: the module being traced and the first lines of
-            torch's message.
+        TraceError: torch.export failed: one line naming the module being traced, what
+            torch's error means where known and its first informative line.
     """
     # The example has T = 2: torch.export specializes a dimension traced at size 1.
     tokens = torch.zeros((1, 2), dtype=INPUT_DTYPE)
@@ -120,24 +57,21 @@ def trace(adapter, max_seq_len: int):
         with torch.no_grad(), scope:
             return torch.export.export(adapter, (tokens, positions),
                                        dynamic_shapes={"tokens": {1: seq}, "positions": {0: seq}})
+    except TraceError as e:  # the adapter's (data-dependent code): now say where
+        where = scope.failed_in or "the model"
+        raise TraceError(f"torch.export failed in {where}: {e.reason}") from e.__cause__
     except AdapterError:
         raise
     except Exception as e:
         where = scope.failed_in or "the model"
-        raise TraceError(_first_lines(f"torch.export failed in {where}", e)) from e
-
-
-def _first_lines(what: str, e: Exception, n: int = 6) -> str:
-    # torch's messages run to pages; the first lines name the problem.
-    head = "\n".join(str(e).strip().splitlines()[:n])
-    return f"{what}: {type(e).__name__}: {head}"
+        raise TraceError(f"torch.export failed in {where}: {torch_reason(e)}") from e
 
 
 def decompose(ep):
     """``ep.run_decompositions()`` (to core ATen), without torch's noise about its own API.
 
     Raises:
-        TraceError: a decomposition failed (the first lines of torch's message).
+        TraceError: a decomposition failed (one line, as trace's).
     """
     with warnings.catch_warnings():
         # torch's own pytree code warns about its own deprecated API while decomposing.
@@ -145,7 +79,35 @@ def decompose(ep):
         try:
             return ep.run_decompositions()
         except Exception as e:
-            raise TraceError(_first_lines("run_decompositions failed", e)) from e
+            raise TraceError(f"run_decompositions failed: {torch_reason(e)}") from e
+
+
+def _graph(m, max_seq_len: int, step):
+    """(adapter, writer, lowering stats): adapt, trace, decompose and lower ``m``."""
+    previous = m.config._attn_implementation
+    previous_experts = (
+        m.get_experts_implementation() if hasattr(m, "get_experts_implementation") else None
+    )
+    try:
+        adapter = DecoderAdapter(m)
+        with _TORCH_EXPORT_LOCK:
+            ep = step("torch.export", lambda: trace(adapter, max_seq_len))
+    finally:
+        # A caller's module is left as it was given.
+        if previous is not None:
+            m.set_attn_implementation(previous)
+        if previous_experts is not None and previous_experts != m.get_experts_implementation():
+            m.set_experts_implementation(previous_experts)
+    if not adapter.layer_infos():
+        raise AdapterError(
+            f"{type(m).__name__}: no attention layer called the mlxgraph attention "
+            "implementation (the model does not use transformers' AttentionInterface)"
+        )
+    with _TORCH_EXPORT_LOCK:
+        ep = step("decompositions", lambda: decompose(ep))
+    writer = GraphWriter(producer=f"mlxgraph exporter (torch {torch.__version__})")
+    lowered = step("lowering", lambda: lower_program(ep, writer, output_names=("logits",)))
+    return adapter, writer, lowered
 
 
 def export(
@@ -180,9 +142,11 @@ def export(
             max_position_embeddings, a quantization recipe out of its domain), an output path
             that cannot be written or is not a regular file, or (without allow_nonfinite)
             weights holding NaN or infinity.
+        UnsupportedModelError: the model cannot be exported exactly, in one line that
+            names its model type (``e.model_type``) and why; the subclasses say where:
         AdapterError: the model's attention asks for something the graph op cannot do.
         TraceError: torch.export or run_decompositions failed on the model.
-        UnsupportedOpsError: ops without a lowering (all listed, with their sources).
+        UnsupportedOpsError: ops without a lowering (``e.problems`` lists all of them).
     """
     progress = progress or _no_progress
     if quantize is not None:
@@ -206,31 +170,13 @@ def export(
         return result
 
     m, source = step("loading", lambda: load_model(model, dtype))
-    check_model(m)
-    max_seq_len = resolve_max_seq_len(m.config, max_seq_len, source["source"])
-    previous = m.config._attn_implementation
-    previous_experts = (
-        m.get_experts_implementation() if hasattr(m, "get_experts_implementation") else None
-    )
     try:
-        adapter = DecoderAdapter(m)
-        with _TORCH_EXPORT_LOCK:
-            ep = step("torch.export", lambda: trace(adapter, max_seq_len))
-    finally:
-        # A caller's module is left as it was given.
-        if previous is not None:
-            m.set_attn_implementation(previous)
-        if previous_experts is not None and previous_experts != m.get_experts_implementation():
-            m.set_experts_implementation(previous_experts)
-    if not adapter.layer_infos():
-        raise AdapterError(
-            f"{type(m).__name__}: no attention layer called the mlxgraph attention "
-            "implementation (the model does not use transformers' AttentionInterface)"
-        )
-    with _TORCH_EXPORT_LOCK:
-        ep = step("decompositions", lambda: decompose(ep))
-    writer = GraphWriter(producer=f"mlxgraph exporter (torch {torch.__version__})")
-    lowered = step("lowering", lambda: lower_program(ep, writer, output_names=("logits",)))
+        check_model(m)
+        max_seq_len = resolve_max_seq_len(m.config, max_seq_len, source["source"])
+        adapter, writer, lowered = _graph(m, max_seq_len, step)
+    except UnsupportedModelError as e:  # every refusal names the model type
+        e.model_type = e.model_type or str(getattr(m.config, "model_type", "") or "")
+        raise
     writer.metadata = model_info(m, adapter, source, max_seq_len, dtype)
     refusal = None if allow_nonfinite else nonfinite_weights(writer)
     if refusal:
@@ -273,6 +219,7 @@ __all__ = [
     "TraceError",
     "AdapterError",
     "UnsupportedOpsError",
+    "UnsupportedModelError",
     "load_model",
     "trace",
     "decompose",

@@ -1,4 +1,5 @@
-"""Which module was running when tracing failed: torch.export's own errors do not say."""
+"""Which module was running when tracing failed, and what torch's error means, in one line:
+torch.export's own errors say neither (and run to pages)."""
 
 import torch
 
@@ -41,3 +42,28 @@ class ModuleScope:
             h.remove()
         self.handles = []
         return False
+
+
+# torch's errors that mean "the model's code cannot be one graph", said in words.
+_TORCH_REASONS = (
+    ("GuardOnDataDependentSymNode",
+     "control flow or a shape depends on tensor values (data-dependent), which one graph "
+     "cannot follow"),
+    ("Constraints violated",
+     "the code fixes the sequence length to the traced example's, so no graph serves every "
+     "length"),
+)
+
+
+def torch_reason(e: Exception, limit: int = 240) -> str:
+    """One line: what torch's error means where known, then its own first informative line."""
+    text = f"{type(e).__name__}: {e}"
+    lines = [ln.strip(" -") for ln in str(e).strip().splitlines()]
+    # A constraint violation's first line says only "Constraints violated (T)!": the
+    # detail is the next one.
+    detail = next((ln for ln in lines if ln and not ln.startswith("Constraints violated")),
+                  lines[0] if lines else "")
+    detail = detail if len(detail) <= limit else detail[:limit] + "..."
+    own = f"{type(e).__name__}: {detail}"
+    known = next((why for key, why in _TORCH_REASONS if key in text), None)
+    return f"{known} ({own})" if known else own

@@ -117,6 +117,8 @@ LONGEST_FIRST = (
     "test_fuzz_verifier.py",
     "test_kv_cache.py",
     "test_exporter_moe.py",
+    "test_export_loads.py",
+    "test_refusals.py",
     "test_fusions.py",
     "test_pipeline.py",
     "test_exporter_lowering.py",

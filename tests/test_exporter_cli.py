@@ -145,10 +145,12 @@ def test_model_with_an_op_without_lowering_names_the_op_and_its_source(tmp_path)
         layer.mlp.act_fn = CumsumAct()
     with pytest.raises(UnsupportedOpsError) as info:
         export(model, tmp_path / "bad.mlxg", max_seq_len=16)
-    message = str(info.value)
-    assert message.startswith("1 unsupported op(s): aten.cumsum.default")
+    message = str(info.value)   # one line: the first, where it comes from, how many more
+    assert message.startswith("llama: unsupported op aten.cumsum.default (no lowering) at File ")
     assert "test_exporter_cli.py" in message and "in forward" in message
-    assert "model.layers.0.mlp.act_fn" in message and "model.layers.1.mlp.act_fn" in message
+    assert message.endswith("(module model.layers.0.mlp.act_fn); 1 more problem(s)")
+    assert [p.location.rsplit("(module ", 1)[1] for p in info.value.problems] == [
+        "model.layers.0.mlp.act_fn)", "model.layers.1.mlp.act_fn)"]
     assert not (tmp_path / "bad.mlxg").exists()
 
 
@@ -175,8 +177,11 @@ def test_model_whose_attention_cannot_be_replaced_is_refused(tmp_path):
         make_config("xglm", num_layers=1, d_model=64, attention_heads=4, ffn_dim=128,
                     vocab_size=256)
     )
-    with pytest.raises(AdapterError, match="no attention layer called the mlxgraph attention"):
+    with pytest.raises(AdapterError, match=r"^xglm: XGLMForCausalLM: its attention is not "
+                       r"computed through transformers' AttentionInterface \(the implementation "
+                       r"cannot be switched\)"):
         export(model, tmp_path / "xglm.mlxg", max_seq_len=16)
+    assert model.config._attn_implementation != "mlxgraph"   # left as it was
 
 
 def test_layer_norm_decoder_in_float16(tmp_path):

@@ -108,7 +108,8 @@ def test_unsupported_layers_are_refused_before_tracing_in_one_line(
     model = build_model(make_config(model_type, **overrides))
     with pytest.raises(AdapterError) as e:
         export(model, tmp_path / "m.mlxg", max_seq_len=16)
-    assert str(e.value) == line
+    assert str(e.value) == f"{model_type}: {line}"   # the model type, then where and why
+    assert (e.value.model_type, e.value.reason) == (model_type, line)
     assert not (tmp_path / "m.mlxg").exists()
 
 
@@ -215,7 +216,7 @@ def test_a_setting_refusal_stops_the_export_before_tracing(tmp_path, no_tracing)
             rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
         )
     )
-    with pytest.raises(AdapterError, match=r"^config.rope_parameters: rope_type 'dynamic'"):
+    with pytest.raises(AdapterError, match=r"^llama: config.rope_parameters: rope_type 'dynamic'"):
         export(model, tmp_path / "m.mlxg", max_seq_len=16)
 
 
@@ -266,9 +267,13 @@ def test_trace_failure_names_the_module_being_traced(tmp_path):
     model = build_model(make_config("llama", **_SMALL))
     model.model.layers[1].mlp = DataDependentMLP(model.model.layers[1].mlp)
     with pytest.raises(
-        TraceError, match=r"^torch.export failed in model.layers.1.mlp \(DataDependentMLP\): "
-    ):
+        TraceError,
+        match=r"^llama: torch.export failed in model.layers.1.mlp \(DataDependentMLP\): "
+        r"control flow or a shape depends on tensor values \(data-dependent\), which one graph "
+        r"cannot follow \(GuardOnDataDependentSymNode: "
+    ) as e:
         export(model, tmp_path / "m.mlxg", max_seq_len=16)
+    assert "\n" not in str(e.value)
 
 
 def test_cli_refusal_is_one_line_and_exit_1(tmp_path, capsys):
@@ -281,5 +286,5 @@ def test_cli_refusal_is_one_line_and_exit_1(tmp_path, capsys):
     lines = [
         ln for ln in err.splitlines() if not ln.startswith("[")
     ]  # progress lines start with [time]
-    assert lines == [f"mlxgraph: export: {folder}: cannot export: {line}"]
+    assert lines == [f"mlxgraph: export: {folder}: cannot export: falcon_h1: {line}"]
     assert "Traceback" not in err

@@ -2,10 +2,12 @@
 file.
 
 Progress lines go to stderr as each long step starts; the summary (or, with --json, one
-JSON object) goes to stdout. Exit 0 on success, 2 for bad usage (unknown model, bad
-option), 1 when the model cannot be exported (unsupported ops, all listed).
+JSON object) goes to stdout. Exit 0 on success; 2 for bad usage or bad input (an unknown
+model name, a bad option, a folder or file that cannot be read); 1 when the model cannot be
+exported exactly (one line, ``cannot export: <model type>: <where>: <why>``).
 """
 
+import logging
 import os
 import sys
 
@@ -103,16 +105,10 @@ def run(args) -> int:
         if given:
             return fail(f"export: {given[0]} needs --quantize q8|q4")
     try:
-        import torch  # noqa: F401 - first: transformers without torch prints its own warning
+        import torch  # first: transformers without torch prints its own warning
         from transformers.utils import logging as hf_logging
 
-        from mlxgraph.exporter import (
-            AdapterError,
-            ExportError,
-            TraceError,
-            UnsupportedOpsError,
-            export,
-        )
+        from mlxgraph.exporter import ExportError, UnsupportedModelError, export
         from mlxgraph.exporter.quantize import DEFAULT_GROUP_SIZE, QuantizeRecipe
     except ImportError as e:
         if e.name and e.name.split(".")[0] in ("torch", "transformers", "safetensors"):
@@ -120,6 +116,13 @@ def run(args) -> int:
         raise
 
     hf_logging.disable_progress_bar()  # our own progress lines say the same, once
+    # transformers' warnings (a model that cannot switch its attention, unused weights...)
+    # would bury the one line that says what happened; its errors still show.
+    hf_logging.set_verbosity_error()
+    if not os.environ.get("TORCH_LOGS"):
+        # torch logs a failed trace's internals (tracebacks of meta kernels) at error level;
+        # the refusal says what failed where. TORCH_LOGS, when set, still rules.
+        torch._logging.set_logs(all=logging.CRITICAL)
 
     def progress(step: str) -> None:
         # Seconds since the process started: importing torch is part of the wait.
@@ -141,7 +144,7 @@ def run(args) -> int:
         )
     except ExportError as e:
         return fail(f"export: {e.message_for(FLAGS)}")
-    except (UnsupportedOpsError, AdapterError, TraceError) as e:
+    except UnsupportedModelError as e:
         print(f"mlxgraph: export: {args.model}: cannot export: {e}", file=sys.stderr)
         return 1
     except OSError as e:

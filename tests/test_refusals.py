@@ -1,0 +1,162 @@
+"""One refusal shape for every model the export cannot export exactly (issues 31 and 32).
+
+Whatever the reason (not a causal decoder, a model type transformers does not know, weights
+quantized by MLX, attention outside transformers' AttentionInterface, latent attention, a
+reused layer, data-dependent code, ops without a lowering), the export raises an
+UnsupportedModelError whose message is one line, ``<model type>: <where>: <why>``, and the
+command line prints ``mlxgraph: export: MODEL: cannot export: <that line>`` and exits 1,
+with nothing else on stderr but its progress lines. Real transformers models from tiny
+configs with seeded random weights (transformers' own classes, HF_HUB_OFFLINE=1).
+"""
+
+import json
+import re
+
+import pytest
+from tool_helpers import run_cli
+from torch import nn
+
+from mlxgraph.exporter import AdapterError, UnsupportedModelError, export
+from mlxgraph.exporter.builtins import build_model, make_config
+
+_SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=256, max_position_embeddings=64)
+
+# name -> (model type, config overrides, the reason's pattern (re.fullmatch after the type)).
+# Each is a different path to a refusal: the module walk before tracing, the adapter while
+# tracing, torch.export's own failure, the lowering's unsupported ops.
+REFUSED_MODELS = {
+    "phimoe": ("phimoe", dict(_SMALL, num_local_experts=4, num_experts_per_tok=2),
+               r"unsupported op aten\.\S+ \(no lowering\) at File \".*modeling_phimoe\.py\", "
+               r"line \d+, in \w+ \(module model\.layers\.0\.\S+\); \d+ more problem\(s\), "
+               r"other ops: .*"),
+    # (d_model too: DBRX copies it into ffn_config before hidden_size is mapped onto it.)
+    "dbrx": ("dbrx", dict(_SMALL, d_model=64, attn_config={"kv_n_heads": 2, "clip_qkv": 8.0,
+                                                         "rope_theta": 10000.0},
+                          ffn_config={"ffn_hidden_size": 64, "moe_num_experts": 4,
+                                      "moe_top_k": 2}),
+             r"torch\.export failed in transformer\.blocks\.0\.ffn\.experts \(DbrxExperts\): "
+             r"control flow or a shape depends on tensor values \(data-dependent\), which one "
+             r"graph cannot follow \(GuardOnDataDependentSymNode: .*\)"),
+    "rwkv": ("rwkv", dict(hidden_size=64, num_hidden_layers=2, attention_hidden_size=64,
+                          intermediate_size=128, vocab_size=256, context_length=64),
+             r"RwkvForCausalLM: its attention is not computed through transformers' "
+             r"AttentionInterface \(the implementation cannot be switched\), so no layer would "
+             r"keep a KV cache"),
+    "longcat_flash": ("longcat_flash", dict(
+        _SMALL, num_layers=1, ffn_hidden_size=64, q_lora_rank=16, kv_lora_rank=16,
+        qk_nope_head_dim=8, qk_rope_head_dim=8, head_dim=16, v_head_dim=8, moe_topk=2,
+        n_routed_experts=4, zero_expert_num=1, expert_ffn_hidden_size=32),
+        r"model\.layers\.0\.self_attn\.0 \(LongcatFlashMLA\): multi-head latent attention "
+        r"\(MLA\) is not supported"),
+    "gemma3n_text": ("gemma3n_text", dict(
+        _SMALL, head_dim=16, num_kv_shared_layers=0, laurel_rank=8, altup_num_inputs=2,
+        hidden_size_per_layer_input=8, vocab_size_per_layer_input=256, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"]),
+        r"unsupported op aten\.\S+ \(no lowering\) at .*"),
+    "bert": ("bert", dict(_SMALL),
+             r"bert\.encoder\.layer\.0\.attention\.self \(BertSelfAttention\): attention in both "
+             r"directions \(is_causal=False\): not a causal decoder"),
+    "hrm_text": ("hrm_text", dict(_SMALL, head_dim=16, H_cycles=2, L_cycles=2),
+                 r"model\.\S+ \(HrmTextAttention\): a second attention call with layer_idx 0 in "
+                 r"one forward \(a reused or shared layer\); each needs a KV cache of its own"),
+}
+
+# name -> (config.json, the line after "cannot export: "): refused from config.json alone,
+# before any weight is read (these folders hold no weights at all).
+REFUSED_FOLDERS = {
+    "t5": ({"model_type": "t5", "is_encoder_decoder": True, "d_model": 64},
+           "t5: not a causal decoder: an encoder-decoder model without a *ForCausalLM class in "
+           "transformers"),
+    "unknown type": ({"model_type": "no_such_architecture", "auto_map": {"AutoModel": "x.Y"}},
+                     "no_such_architecture: model type unknown to transformers {version} (code "
+                     "shipped with a model, auto_map, is not run)"),
+    "no model type": ({"hidden_size": 64}, "config.json names no model_type, so the "
+                      "architecture is unknown"),
+    "mlx q4": ({"model_type": "llama", "quantization": {"group_size": 64, "bits": 4},
+                "quantization_config": {"group_size": 64, "bits": 4}},
+               "llama: weights quantized by MLX (4 bits, group size 64) are not supported: "
+               "export the float model it was made from (--quantize q8/q4 quantizes here)"),
+}
+
+
+def _one_refusal(capsys, model, tmp_path) -> str:
+    """The CLI's one line after ``cannot export: `` (asserting exit 1 and nothing else)."""
+    capsys.readouterr()   # what building the folder printed
+    code, out, err = run_cli(capsys, "export", model, "-o", tmp_path / "m.mlxg",
+                             "--max-seq-len", "16")
+    lines = [ln for ln in err.splitlines() if not re.match(r"\[ *\d+\.\ds\] ", ln)]
+    assert (code, out, len(lines)) == (1, "", 1), err
+    prefix = f"mlxgraph: export: {model}: cannot export: "
+    assert lines[0].startswith(prefix), lines[0]
+    assert not (tmp_path / "m.mlxg").exists()
+    return lines[0][len(prefix):]
+
+
+# Over ~10 s (gemma3n's AltUp and per-layer inputs trace to a large graph): make test-slow.
+SLOW = {"gemma3n_text"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
+                                  for n in REFUSED_MODELS])
+def test_refused_models_say_why_in_one_line(name, tmp_path, capsys):
+    model_type, overrides, reason = REFUSED_MODELS[name]
+    config = make_config(model_type, **overrides)
+    with pytest.raises(UnsupportedModelError) as e:
+        export(build_model(config), tmp_path / "m.mlxg", max_seq_len=16)
+    assert e.value.model_type == model_type
+    assert re.fullmatch(reason, e.value.reason), e.value.reason
+    assert str(e.value) == f"{model_type}: {e.value.reason}"
+    folder = tmp_path / name
+    build_model(config).save_pretrained(folder)
+    assert _one_refusal(capsys, folder, tmp_path) == str(e.value)
+
+
+@pytest.mark.parametrize("name", list(REFUSED_FOLDERS))
+def test_folders_are_refused_from_their_config_alone(name, tmp_path, capsys):
+    from transformers import __version__
+
+    config, line = REFUSED_FOLDERS[name]
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    assert _one_refusal(capsys, folder, tmp_path) == line.format(version=__version__)
+
+
+def test_quantization_transformers_cannot_load_is_a_refusal(tmp_path, capsys):
+    """A quant_method transformers knows but cannot load here: exit 1, its first line."""
+    folder = tmp_path / "model"
+    build_model(make_config("llama", **_SMALL)).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    (folder / "config.json").write_text(json.dumps(config))
+    line = _one_refusal(capsys, folder, tmp_path)
+    assert line.startswith("llama: weights quantized by 'bitsandbytes' cannot be loaded: ")
+
+
+def test_a_folder_transformers_cannot_read_is_bad_input(tmp_path, capsys):
+    """Not a refusal of the model but a bad file: exit 2, one line."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{not json")
+    code, _, err = run_cli(capsys, "export", folder, "-o", tmp_path / "m.mlxg")
+    (line,) = [ln for ln in err.splitlines() if not ln.startswith("[")]
+    assert code == 2
+    assert line.startswith(f"mlxgraph: export: {folder}/config.json: cannot read it: ")
+
+
+class OwnAttention(nn.Module):
+    """Attention a layer computes itself (here: none at all), not through the interface."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return hidden_states, None
+
+
+def test_a_model_whose_layers_call_no_attention_is_refused(tmp_path):
+    """The implementation switches (the class uses the interface), yet no layer calls it."""
+    model = build_model(make_config("llama", **_SMALL))
+    for layer in model.model.layers:
+        layer.self_attn = OwnAttention()
+    with pytest.raises(AdapterError, match=r"^llama: LlamaForCausalLM: no attention layer called "
+                                           r"the mlxgraph attention implementation"):
+        export(model, tmp_path / "m.mlxg", max_seq_len=16)
