@@ -63,6 +63,25 @@ FIGURES = {
         "pipeline_bench.print_report",
         "generate --pipeline on 1, 2, 3 local ranks against one process (docs/pipeline.md)",
     ),
+    "step_build": (
+        # the files generate_bench wrote (run "generate" first, or make bench)
+        ["step_build_bench.py", "--graph", "out/bench/small.mlxg", "--folder",
+         "out/bench/hf-small"],
+        "step_build_bench.print_report",
+        "host cost of one decode step: building its lazy graph, against mlx-lm on the CPU "
+        "(README, On a GPU)",
+    ),
+    "blas": (
+        ["blas_bench.py"],
+        "blas_bench.print_report",
+        "the small model's products per BLAS setup: router on/off, threads, half precision "
+        "(docs/generate.md)",
+    ),
+    "blas_shapes": (
+        ["blas_shapes_bench.py"],
+        "blas_shapes_bench.print_report",
+        "the router's few-row kernel against sgemm, and the 1-vs-2-thread crossing (README)",
+    ),
     "tile": (
         ["tile_bench.py"],
         "tile_bench.print_report",
@@ -89,7 +108,7 @@ def run_one(name: str) -> str:
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"figures: {name}: python benchmarks/{shlex.join(argv)} ...", file=sys.stderr)
     done = subprocess.run([sys.executable, str(HERE / argv[0]), *argv[1:], "--json"],
-                          stdout=subprocess.PIPE, text=True)
+                          stdout=subprocess.PIPE, text=True, cwd=HERE.parent)
     # quantized_bench exits 1 on a token mismatch, perplexity_bench on a loss outside its
     # tolerance: both are shown in the table.
     if done.returncode not in (0, 1):

@@ -41,7 +41,7 @@ def prepare(log) -> Path:
     gb._run(
         [
             sys.executable,
-            str(gb.ENGINES / "make_hf_folder.py"),
+            str(gb.ENGINE_DIR / "make_hf_folder.py"),
             str(folder),
             "--config",
             json.dumps(cfg),

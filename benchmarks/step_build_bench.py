@@ -18,6 +18,7 @@ mlx-lm's. Runs on MLX's default device.
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -68,6 +69,27 @@ def mlx_lm_steps(folder: str, prompt: list, steps: int) -> dict:
     return _time_steps(lambda i: model(token, cache=cache), steps)
 
 
+def print_report(doc) -> None:
+    """The table of a ``--json`` document."""
+    print(f"one decode step after a {doc['prompt']}-token prompt, {doc['steps']} steps, "
+          f"device {doc['device']}, load average {doc['load_average'][0]:.2f}: "
+          "median (best) ms")
+    for name in ("mlxgraph", "mlx-lm"):
+        r = doc.get(name)
+        if r and "build_ms" in r:
+            print(f"  {name:<9} build {r['build_ms']:7.3f} ({r['build_ms_best']:.3f})   "
+                  f"eval {r['eval_ms']:7.3f} ({r['eval_ms_best']:.3f})   "
+                  f"sum {r['build_ms'] + r['eval_ms']:7.3f}")
+        elif r:
+            print(f"  {name:<9} not measured: {r['missing']}")
+    peer = doc.get("mlx-lm", {})
+    if "build_ms" in peer:
+        ours = doc["mlxgraph"]
+        ratio = ours["build_ms"] / peer["build_ms"]
+        total = (ours["build_ms"] + ours["eval_ms"]) / (peer["build_ms"] + peer["eval_ms"])
+        print(f"  mlxgraph / mlx-lm: build {ratio:.2f}x, build + eval {total:.2f}x")
+
+
 def main(argv=None) -> int:
     """Measure both engines in this process, one after the other; print the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -88,25 +110,11 @@ def main(argv=None) -> int:
     import mlx.core as mx
 
     doc["device"] = str(mx.default_device())
+    doc["load_average"] = os.getloadavg()
     if args.json:
         print(json.dumps(doc, indent=1))
-        return 0
-    print(f"one decode step after a {args.prompt}-token prompt, {args.steps} steps, "
-          f"device {doc['device']}: median (best) ms")
-    for name in ("mlxgraph", "mlx-lm"):
-        r = doc.get(name)
-        if r and "build_ms" in r:
-            print(f"  {name:<9} build {r['build_ms']:7.3f} ({r['build_ms_best']:.3f})   "
-                  f"eval {r['eval_ms']:7.3f} ({r['eval_ms_best']:.3f})   "
-                  f"sum {r['build_ms'] + r['eval_ms']:7.3f}")
-        elif r:
-            print(f"  {name:<9} not measured: {r['missing']}")
-    peer = doc.get("mlx-lm", {})
-    if "build_ms" in peer:
-        ours = doc["mlxgraph"]
-        ratio = ours["build_ms"] / peer["build_ms"]
-        total = (ours["build_ms"] + ours["eval_ms"]) / (peer["build_ms"] + peer["eval_ms"])
-        print(f"  mlxgraph / mlx-lm: build {ratio:.2f}x, build + eval {total:.2f}x")
+    else:
+        print_report(doc)
     return 0
 
 

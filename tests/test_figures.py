@@ -39,6 +39,11 @@ DOCS = {
     "tile": {"load_average": [0.3, 0.2, 0.1], "threads": {"1": {"blas": "openblas", "shapes": {
         "32x1024x1024": {"tile": [1e-3, 2e-3], "sgemm": [2e-3, 3e-3], "torch": [2e-3, 3e-3],
                          "picks_tile": True}}}}},
+    "step_build": {
+        "steps": 64, "prompt": 128, "device": "Device(cpu, 0)", "load_average": [0.4, 0.3, 0.2],
+        "mlxgraph": {"build_ms": 1.5, "build_ms_best": 1.2, "eval_ms": 20.0, "eval_ms_best": 19.0},
+        "mlx-lm": {"build_ms": 1.0, "build_ms_best": 0.9, "eval_ms": 40.0, "eval_ms_best": 38.0},
+    },
     "batch": {
         "size": "small", "new_tokens": 24, "prompt_tokens": 64, "load_average": [0.5, 0.6],
         "mlxgraph": {"rows": [{"batch": 1, "identical_rows": 1,

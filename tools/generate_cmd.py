@@ -221,6 +221,9 @@ def _run(args, options, blas) -> int:
         # Ctrl-C ends the generation, not the report: the tokens so far and the stats.
         interrupted = True
         stats.stop_reason = "interrupted"
+        # Ctrl-C can land between the loop counting a token and this loop receiving it:
+        # the report counts what was received (and printed).
+        stats.generated_tokens = len(tokens)
     doc = stats_doc(stats, blas, sampler, mx)
     doc["stats"]["compute"] = program.compute_info()
     doc["stats"]["device"] = {"mlx": str(mx.default_device()), "plan": program.device_plan}
