@@ -20,6 +20,7 @@ from mlxgraph.exporter.model_info import DEFAULT_MAX_SEQ_LEN, model_info, resolv
 from mlxgraph.exporter.model_loading import DTYPES, load_model
 from mlxgraph.exporter.model_support import check_model
 from mlxgraph.exporter.quantize import QuantizeRecipe, quantize_graph
+from mlxgraph.exporter.tokenizer_source import read_tokenizer, tokenizer_source
 from mlxgraph.exporter.trace_scope import ModuleScope, torch_reason
 from mlxgraph.schema.atomic_write import check_replaceable
 from mlxgraph.schema.errors import GraphFormatError
@@ -118,6 +119,7 @@ def export(
     progress=None,
     allow_nonfinite: bool = False,
     quantize: QuantizeRecipe | None = None,
+    tokenizer=None,
 ) -> dict:
     """Export a decoder to a graph file.
 
@@ -134,6 +136,9 @@ def export(
         allow_nonfinite: export weights holding NaN or infinity (refused by default).
         quantize: quantize the weights of Linear and Embedding nodes (exporter/quantize.py);
             None keeps every weight in ``dtype``.
+        tokenizer: a Hugging Face folder whose tokenizer files (tokenizer.json, its config,
+            chat template, generation config) the graph embeds instead of the model's own;
+            for checkpoints that come without them.
     Returns:
         stats: nodes, ops (histogram), constants, constant_bytes, file_bytes, seconds,
         timings per step, path, quantization (the recipe and what it did, or None).
@@ -169,7 +174,10 @@ def export(
         timings[name] = time.perf_counter() - t0
         return result
 
+    files = None if tokenizer is None else read_tokenizer(tokenizer)  # before the long part
     m, source = step("loading", lambda: load_model(model, dtype))
+    if files is not None:
+        source = {**source, **tokenizer_source(tokenizer, files, m.config, source)}
     try:
         check_model(m)
         max_seq_len = resolve_max_seq_len(m.config, max_seq_len, source["source"])
@@ -194,6 +202,8 @@ def export(
     return {
         "path": str(out_path),
         "model": source["source"],
+        # "embedded", "byte" (a built-in's byte vocabulary) or "none"
+        "tokenizer": source["tokenizer"] or "none",
         "dtype": dtype,
         "max_seq_len": max_seq_len,
         "nodes": len(writer.nodes),

@@ -64,6 +64,9 @@ def add_arguments(parser) -> None:
     quant.add_argument("--quantize-scales", choices=["float16", "float32"], default=None,
                        help="a float32 weight's scales and biases (default float16: 4.5 bits "
                        "per q4 weight; float32 where float16 cannot hold them)")
+    parser.add_argument("--tokenizer", metavar="DIR", default=None,
+                        help="embed this Hugging Face folder's tokenizer files (tokenizer.json, "
+                        "its config and chat template) instead of the model folder's")
     parser.add_argument("--allow-nonfinite", action="store_true",
                         help="export weights holding NaN or infinity (refused by default)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -79,6 +82,7 @@ def _summary(stats: dict) -> str:
         f"  nodes      {stats['nodes']}: {ops}" + (f", +{more} more op kinds" if more > 0 else ""),
         f"  constants  {stats['constants']} ({human_bytes(stats['constant_bytes'])})",
         f"  max T      {stats['max_seq_len']}",
+        f"  tokenizer  {stats['tokenizer']}",
     ]
     q = stats.get("quantization")
     if q:
@@ -137,6 +141,7 @@ def run(args) -> int:
             max_seq_len=args.max_seq_len,
             progress=progress,
             allow_nonfinite=args.allow_nonfinite,
+            tokenizer=args.tokenizer,
             quantize=None if args.quantize is None else QuantizeRecipe(
                 args.quantize, args.group_size or DEFAULT_GROUP_SIZE, args.quantize_embedding,
                 args.quantize_lm_head, tuple(args.quantize_exclude),
@@ -150,6 +155,11 @@ def run(args) -> int:
     except OSError as e:
         return fail(f"export: {args.output}: {e.strerror or e}")
     stats["seconds"] = process_seconds()   # the wait the user saw, imports included
+    if stats["tokenizer"] == "none":
+        # Said at export, not first at generate: the folder's files are at hand now.
+        print(f"mlxgraph: export: warning: {args.model} has no tokenizer.json, so the graph "
+              "carries no tokenizer: generate/chat/serve will need token ids or --tokenizer "
+              "DIR (export --tokenizer DIR embeds one)", file=sys.stderr)
     if args.json:
         print_json({**json_header_for(format_version()), **stats})
     else:
