@@ -54,8 +54,8 @@ class ChatSession:
         if tokenizer is None or tokenizer.chat_template is None:
             name = getattr(tokenizer, "name", "no")
             raise TokenizerError(
-                f"chat needs a tokenizer with a chat template; the {name} tokenizer has none "
-                "(--tokenizer DIR uses another folder's)"
+                f"chat needs a chat template; the {name} tokenizer has none (--chat-template "
+                "plain or chatml chats without one; --tokenizer DIR uses another folder's)"
             )
         self.program, self.tokenizer, self.session = program, tokenizer, session
         self.system = (

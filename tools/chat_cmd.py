@@ -11,14 +11,15 @@ import sys
 
 from mlxgraph.tools.option_table import add_options
 from mlxgraph.tools.output import ToolError, fail, printable
-from mlxgraph.tools.text_options import open_session, text_options
+from mlxgraph.tools.text_options import open_session, template_stops, text_options
 
 HELP = "commands: /regenerate  /reset  /quit  (Ctrl-C stops an answer, Ctrl-D quits)"
 
 
 def add_arguments(p) -> None:
     """Add chat's arguments to its subparser."""
-    p.add_argument("graph", help="the .mlxg graph file (its tokenizer needs a chat template)")
+    p.add_argument("graph", help="the .mlxg graph file (its tokenizer's chat template, or "
+                   "--chat-template's)")
     add_options(p, "chat")
 
 
@@ -45,7 +46,7 @@ def run(args) -> int:
             open_session(program, options.session, args.graph),
             args.system_prompt,
             sampler=make_sampler(options.sampling),
-            stop=args.stop,
+            stop=[*args.stop, *template_stops(options.source)],
             extra_eos=eos,
             ignore_eos=True,
             max_tokens=args.max_tokens,

@@ -39,7 +39,7 @@ from mlxgraph.tools.pipeline_cli import (
     quiet_unless_first,
     share_seed,
 )
-from mlxgraph.tools.text_options import open_session, text_options
+from mlxgraph.tools.text_options import open_session, template_stops, text_options
 
 
 def add_arguments(p) -> None:
@@ -98,6 +98,8 @@ def run(args) -> int:
     try:
         if args.system_prompt is not None and args.ignore_chat_template:
             raise ToolError("--system-prompt needs the chat template; drop --ignore-chat-template")
+        if args.chat_template is not None and args.ignore_chat_template:
+            raise ToolError("--chat-template and --ignore-chat-template contradict each other")
         options = text_options(args)
         check_pipeline_options(args)
         args.prompt = read_prompt(args)
@@ -190,7 +192,7 @@ def _run(args, options, blas) -> int:
             ids[reused:],
             max_tokens=args.max_tokens,
             sampler=sampler,
-            stop=args.stop,
+            stop=[*args.stop, *(template_stops(options.source) if chat else ())],
             extra_eos=eos,
             ignore_eos=True,
             tokenizer=tokenizer,

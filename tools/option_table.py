@@ -65,6 +65,10 @@ OPTIONS = (
     Option(("--tokenizer",), "use this Hugging Face folder's tokenizer (tokenizer.json, "
            "tokenizer_config.json, generation_config.json) instead of the graph's",
            argparse={"metavar": "DIR"}),
+    Option(("--chat-template",), "the chat template to use instead of (or where there is "
+           "none in) the tokenizer's: chatml, plain (a User:/Assistant: transcript, for base "
+           "models) or a jinja2 file; its turn-ending stop strings come with it", ALL,
+           argparse={"metavar": "NAME|FILE"}),
     Option(("--system-prompt",), "a system message before the prompt (chat template)", TEXT),
     Option(("--ignore-chat-template",), "encode the prompt as it is, even when the tokenizer "
            "has a chat template", ("generate",), False, argparse={"action": "store_true"}),

@@ -77,6 +77,7 @@ class GraphSource:
     element_limit: int | None = None
     pipeline: bool = False
     pipeline_timeout: float | None = None
+    chat_template: str | None = None  # --chat-template NAME|FILE
 
     @classmethod
     def of(cls, args) -> "GraphSource":
@@ -84,7 +85,7 @@ class GraphSource:
         from mlxgraph.tools.pipeline_cli import load_options
 
         return cls(args.graph, args.tokenizer, args.compute_dtype, args.element_limit,
-                   **load_options(args))
+                   **load_options(args), chat_template=args.chat_template)
 
     def check(self) -> None:
         """Refuse a graph path that is not a graph file, or a tokenizer that is not a folder.
@@ -97,6 +98,22 @@ class GraphSource:
             raise ToolError(problem)
         if self.tokenizer is not None and not Path(self.tokenizer).is_dir():
             raise ToolError(f"--tokenizer: {self.tokenizer}: not a folder")
+        self.template()
+
+    def template(self):
+        """The --chat-template chosen (generation/chat_templates.py), or None.
+
+        Raises:
+            ToolError: not a built-in name nor a readable file.
+        """
+        if self.chat_template is None:
+            return None
+        from mlxgraph.generation.chat_templates import chat_template
+
+        try:
+            return chat_template(self.chat_template)
+        except ValueError as e:
+            raise ToolError(f"--chat-template: {e}") from None
 
     def open(self, need_tokenizer: bool, deadline: bool = False):
         """(program, tokenizer or None); ``deadline``: a command's (tools/command_deadline.py:
@@ -130,7 +147,18 @@ class GraphSource:
             from mlxgraph.tools.command_deadline import with_deadline
 
             tokenizer = with_deadline(tokenizer)
+        template = self.template()
+        if template is not None and tokenizer is not None:
+            from mlxgraph.generation.chat_templates import TemplatedTokenizer
+
+            tokenizer = TemplatedTokenizer(tokenizer, template)
         return program, tokenizer
+
+
+def template_stops(source) -> list:
+    """The stop strings of ``source``'s --chat-template (a built-in's turn end), else []."""
+    template = source.template()
+    return list(template.stops) if template is not None else []
 
 
 @dataclass(frozen=True)

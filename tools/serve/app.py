@@ -103,7 +103,10 @@ class Handlers:
                                           for f in fields(SamplingOptions)})
         except OptionError as e:
             raise RequestError(str(e), e.option) from None
-        return Job(ids, req.max_tokens or self.max_tokens, sampling, req.stop,
+        # --chat-template's turn end (a built-in's) ends a chat answer as the model's EOS would
+        template = getattr(self.info.tokenizer, "template", None)
+        stop = (*req.stop, *template.stops) if template and req.kind == "chat" else req.stop
+        return Job(ids, req.max_tokens or self.max_tokens, sampling, stop,
                    () if req.ignore_eos else self.info.stop_ids, req.logprobs)
 
     async def _serve(self, request, kind):

@@ -84,7 +84,9 @@ class RequestTokens:
         if self.processes is None:
             return tokenize(self.info, req, limits)
         with self.processes.borrow() as tok:
-            return tokenize(self.info, req, limits, tok)
+            # --chat-template: the chosen template over the worker's tokenizer
+            rewrap = getattr(self.info.tokenizer, "with_inner", None)
+            return tokenize(self.info, req, limits, rewrap(tok) if rewrap else tok)
 
     def close(self) -> None:
         """Stop the threads' queue and kill the worker processes."""
