@@ -73,10 +73,12 @@ class TokenizerProcess:
 
     def close(self) -> None:
         """Kill the worker (a later call starts a new one)."""
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            self._proc = None
+        # Taken first: the server's shutdown closes a worker that a request's thread may be
+        # closing too (past its deadline); both must not kill and wait the same process.
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
 
     def _call(self, request: dict) -> list:
         if self._proc is None or self._proc.poll() is not None:
