@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import io
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -106,6 +107,7 @@ def run_one(name: str) -> str:
     """One benchmark's section: heading, command, when, and its printed table."""
     argv, print_name, what = FIGURES[name]
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load_start = os.getloadavg()[0]  # every table's load, whether its benchmark prints it
     print(f"figures: {name}: python benchmarks/{shlex.join(argv)} ...", file=sys.stderr)
     done = subprocess.run([sys.executable, str(HERE / argv[0]), *argv[1:], "--json"],
                           stdout=subprocess.PIPE, text=True, cwd=HERE.parent)
@@ -113,11 +115,13 @@ def run_one(name: str) -> str:
     # tolerance: both are shown in the table.
     if done.returncode not in (0, 1):
         raise SystemExit(f"figures: {argv[0]} failed (exit {done.returncode})")
+    load_end = os.getloadavg()[0]
     doc = json.loads(done.stdout)
     table = io.StringIO()
     with contextlib.redirect_stdout(table):
         printer(print_name)(doc)
-    return (f"## {name}: {what}\n\n`python benchmarks/{shlex.join(argv)}`, started {started}"
+    return (f"## {name}: {what}\n\n`python benchmarks/{shlex.join(argv)}`, started {started}, "
+            f"load average {load_start:.2f} at the start, {load_end:.2f} at the end"
             f"{'' if done.returncode == 0 else ' (exit 1: see the table)'}:\n\n"
             f"```text\n{table.getvalue().strip()}\n```\n")
 
