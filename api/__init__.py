@@ -34,6 +34,7 @@ _LAZY = {
     "generate": "mlxgraph.generation.text",
     "stream_generate": "mlxgraph.generation.text",
     "GenerationResult": "mlxgraph.generation.text",
+    "batch_generate": "mlxgraph.generation.batch",
     "ChatSession": "mlxgraph.generation.chat_session",
     "ChatBusyError": "mlxgraph.generation.chat_session",
 }
