@@ -8,6 +8,14 @@ resolved on first use, and a name whose module imports mlx first puts that BLAS 
 ``import mlxgraph``.
 """
 
+# Underscored: dir(mlxgraph) lists the public names only.
+from os import PathLike as _PathLike
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+
+if _TYPE_CHECKING:  # for the annotations only: importing Program imports mlx
+    from mlxgraph.interpreter.program import Program
+
 __version__ = "0.1.0"
 
 # name -> module that defines it, imported on first access (PEP 562).
@@ -49,7 +57,13 @@ _MLX_FREE = frozenset({
 })
 
 
-def load(path, element_limit=None, compute_dtype=None, pipeline=None, pipeline_timeout=None):
+def load(
+    path: str | _PathLike,
+    element_limit: int | None = None,
+    compute_dtype: str | None = None,
+    pipeline: _Any = None,
+    pipeline_timeout: float | None = None,
+) -> "Program":
     """Load and verify a graph file; return an immutable :class:`Program`.
 
     First puts an optimised BLAS under MLX (:func:`preload_blas`) when MLX is not imported
@@ -97,7 +111,7 @@ def _preload_before_mlx() -> None:
         preload_blas()
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> _Any:
     if name in _LAZY:
         from importlib import import_module
 
@@ -107,7 +121,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'mlxgraph' has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> list:
     # dir() and help() list the public names too, not only what was imported so far.
     return sorted(set(globals()) | set(_LAZY))
 

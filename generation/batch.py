@@ -52,7 +52,7 @@ def batch_generate(
     kv_dtype: str | None = None,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     **sampling,
-) -> list:
+) -> list[GenerationResult]:
     """Generate from every prompt of ``prompts``; return a GenerationResult per prompt, in
     prompt order (what :func:`mlxgraph.generate` returns for it).
 
