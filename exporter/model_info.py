@@ -26,6 +26,8 @@ def model_info(model, adapter, source: dict, max_seq_len: int, dtype: str) -> Mo
         source: load_model's source info; max_seq_len, dtype: the export's options.
     """
     cfg = model.config
+    # A multimodal config (Fuyu's) keeps the decoder's sizes in its text config.
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     gen = getattr(model, "generation_config", None)
     # Every EOS: config's and generation_config's (Llama-3-Instruct ends a turn with
     # <|eot_id|>, listed only in generation_config.json), as transformers and mlx-lm stop.
@@ -46,9 +48,11 @@ def model_info(model, adapter, source: dict, max_seq_len: int, dtype: str) -> Mo
         extra["max_position_embeddings"] = cfg.max_position_embeddings
     return ModelInfo(
         architecture=archs[0],
-        num_layers=int(getattr(cfg, "num_hidden_layers", len(layers))),
-        vocab_size=int(cfg.vocab_size),
-        hidden_size=int(cfg.hidden_size),
+        num_layers=int(getattr(text, "num_hidden_layers", len(layers))),
+        # The embedding's rows: the ids a token may take (a multimodal config such as
+        # Fuyu's keeps vocab_size in its text config; Moshi's embedding has a row more).
+        vocab_size=int(model.get_input_embeddings().weight.shape[0]),
+        hidden_size=int(text.hidden_size),
         max_context=int(max_seq_len),
         eos_token_ids=eos,
         bos_token_id=-1 if bos is None else int(bos),

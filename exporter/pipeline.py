@@ -177,7 +177,8 @@ def export(
     files = None if tokenizer is None else read_tokenizer(tokenizer)  # before the long part
     m, source = step("loading", lambda: load_model(model, dtype))
     if files is not None:
-        source = {**source, **tokenizer_source(tokenizer, files, m.config, source)}
+        rows = int(m.get_input_embeddings().weight.shape[0])
+        source = {**source, **tokenizer_source(tokenizer, files, rows, source)}
     try:
         check_model(m)
         max_seq_len = resolve_max_seq_len(m.config, max_seq_len, source["source"])

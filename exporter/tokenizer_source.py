@@ -44,12 +44,12 @@ def read_tokenizer(folder) -> dict:
         raise ExportError(f"cannot embed the tokenizer: {e}") from None
 
 
-def tokenizer_source(folder, files: dict, config, source: dict) -> dict:
+def tokenizer_source(folder, files: dict, vocab_size: int, source: dict) -> dict:
     """The source-info entries (tokenizer, files) for ``files`` read from ``folder``.
 
     Raises:
         ExportError: a built-in with the byte vocabulary, or a tokenizer whose ids reach
-            past the model's vocab_size.
+            past ``vocab_size`` (the model's embedding rows).
     """
     if source.get("tokenizer") == "byte":
         raise ExportError(f"{source['source']} is a built-in whose tokens are bytes: it "
@@ -58,7 +58,6 @@ def tokenizer_source(folder, files: dict, config, source: dict) -> dict:
         top = largest_id(files["tokenizer.json"])
     except ValueError as e:
         raise ExportError(f"{folder}: tokenizer.json: {e}") from None
-    vocab_size = int(config.vocab_size)
     if top >= vocab_size:
         raise ExportError(f"{folder}: the tokenizer produces ids up to {top}, past the model's "
                           f"vocabulary of {vocab_size}")

@@ -30,6 +30,10 @@ RANDOM_CONFIGS = {
                       shared_expert_intermediate_size=64),
     "olmoe": dict(_SMALL, num_experts=4, num_experts_per_tok=2),
     "granitemoe": dict(_SMALL, num_local_experts=4, num_experts_per_tok=2),
+    # the metadata's vocabulary is the embedding's rows: Fuyu's sizes live in its text
+    # config, Moshi's embedding has one row more than its config's vocab_size
+    "fuyu": dict(_SMALL, head_dim=16, max_position_embeddings=64),
+    "moshi": dict(_SMALL, head_dim=16, max_position_embeddings=64),
 }
 
 
