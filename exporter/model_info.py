@@ -18,6 +18,16 @@ def _token_ids(value) -> tuple:
     return tuple(int(v) for v in value)
 
 
+def embedding_rows(model) -> int:
+    """The rows of the model's token embedding (its text config's vocab_size when the
+    embedding module holds no plain weight)."""
+    weight = getattr(model.get_input_embeddings(), "weight", None)
+    if weight is not None and weight.dim() == 2:
+        return int(weight.shape[0])
+    cfg = model.config
+    return int((cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg).vocab_size)
+
+
 def model_info(model, adapter, source: dict, max_seq_len: int, dtype: str) -> ModelInfo:
     """The graph's metadata from the model's config and the geometry its attention reported.
 
@@ -51,7 +61,7 @@ def model_info(model, adapter, source: dict, max_seq_len: int, dtype: str) -> Mo
         num_layers=int(getattr(text, "num_hidden_layers", len(layers))),
         # The embedding's rows: the ids a token may take (a multimodal config such as
         # Fuyu's keeps vocab_size in its text config; Moshi's embedding has a row more).
-        vocab_size=int(model.get_input_embeddings().weight.shape[0]),
+        vocab_size=embedding_rows(model),
         hidden_size=int(text.hidden_size),
         max_context=int(max_seq_len),
         eos_token_ids=eos,

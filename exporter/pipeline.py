@@ -16,7 +16,12 @@ from mlxgraph.exporter.builtins import BUILD_LOCK
 from mlxgraph.exporter.errors import ExportError, TraceError, UnsupportedModelError
 from mlxgraph.exporter.finite_weights import nonfinite_weights
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
-from mlxgraph.exporter.model_info import DEFAULT_MAX_SEQ_LEN, model_info, resolve_max_seq_len
+from mlxgraph.exporter.model_info import (
+    DEFAULT_MAX_SEQ_LEN,
+    embedding_rows,
+    model_info,
+    resolve_max_seq_len,
+)
 from mlxgraph.exporter.model_loading import DTYPES, load_model
 from mlxgraph.exporter.model_support import check_model
 from mlxgraph.exporter.quantize import QuantizeRecipe, quantize_graph
@@ -177,8 +182,7 @@ def export(
     files = None if tokenizer is None else read_tokenizer(tokenizer)  # before the long part
     m, source = step("loading", lambda: load_model(model, dtype))
     if files is not None:
-        rows = int(m.get_input_embeddings().weight.shape[0])
-        source = {**source, **tokenizer_source(tokenizer, files, rows, source)}
+        source = {**source, **tokenizer_source(tokenizer, files, embedding_rows(m), source)}
     try:
         check_model(m)
         max_seq_len = resolve_max_seq_len(m.config, max_seq_len, source["source"])
