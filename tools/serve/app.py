@@ -176,9 +176,11 @@ class Handlers:
                 yield _sse(builder.chunk("", first=True))
             while True:
                 if event[0] == "token":
-                    lp = [(event[2], event[1], event[3])] if event[2] is not None else ()
+                    # A token that leaves a character incomplete sends nothing (no empty
+                    # delta), unless the client asked for its log-probability.
+                    lp = [(event[2], event[1], event[3])] if event[3] is not None else ()
                     if event[1] or lp:
-                        yield _sse(builder.chunk(event[1], lp if req.logprobs is not None else ()))
+                        yield _sse(builder.chunk(event[1], lp))
                 elif event[0] == "done":
                     done = True
                     yield _sse(builder.chunk("", finish_reason=event[1]))
