@@ -1,4 +1,5 @@
-"""Selection: ``aten.topk`` (the routers of mixture-of-experts decoders) as one TopK node."""
+"""Selection: ``aten.topk`` (the routers of mixture-of-experts decoders) as one TopK node,
+``aten.gather`` (the routers picking their chosen scores) as one Gather node."""
 
 import torch
 
@@ -25,3 +26,11 @@ def topk(ctx, node):
     ]
     ctx.emit("TopK", x=ctx.slot(x), outs=outs, k=k, axis=axis, largest=bool(largest))
     return [Slot(o) for o in outs]
+
+
+@register(aten.gather.default)
+def gather(ctx, node):
+    """torch.gather: x's entries at ``index`` along one axis, index of x's rank (a Gather)."""
+    x, dim, index = node.args[:3]
+    return ctx.emit_out("Gather", x=ctx.slot(x), indices=ctx.slot(index),
+                        axis=dim % len(ctx.shape(x)))
