@@ -198,11 +198,15 @@ class Sampler:
             logits = logits.astype(mx.float32) + self._bias
         return logits
 
-    def __call__(self, logits: mx.array) -> mx.array:
+    def __call__(self, logits: mx.array, allowed=None) -> mx.array:
         """[1, vocab] logits -> [1] token ids (lazy); with a repetition penalty the token
         joins the context, with a presence or frequency penalty its count (lazily, so decode
-        stays pipelined)."""
+        stays pipelined). ``allowed``: None, or [vocab] bools (a grammar's next tokens:
+        generation/constrained.py), applied after the penalties and the bias, so no other
+        token can be chosen, greedy or sampled."""
         logits = self.adjust(logits)
+        if allowed is not None:
+            logits = mx.where(mx.array(allowed), logits, -mx.inf)
         if self.greedy:
             token = mx.argmax(logits, axis=-1)
         else:

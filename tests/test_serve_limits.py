@@ -37,13 +37,14 @@ WRONG_VALUES = {
     "stream": ["yes", 1, [True]],
     "stream_options": [{"include_usage": "x"}, 5, {"other": True}, {"include_usage": True}],
     "logprobs": [-1, 21, "3", 2.5],
-    "n": [2, 0, "1"],
-    "echo": [True, "no"],
+    "n": [17, 0, "1", 200],  # 17: more choices than --max-sessions
+    "echo": ["no", 1],
     "presence_penalty": [2.5, "x", -3],
     "frequency_penalty": [2.01, [1]],
     "logit_bias": [3, {"x": 1}, {"-5": 1}, {"5": 101}, {"5": "1"}, {"100000": 1}, {"5": True}],
     "model": [5, ["chat"], "another-model"],
-    "prompt": ["", [], [-1], [10**9], [1.5], {"p": 1}, 7, [[1], [2]], ["a", "b"], "x" * 2000],
+    "prompt": ["", [], [-1], [10**9], [1.5], {"p": 1}, 7, [["a"]], ["a", ""], [[]],
+               ["x"] * 17, "x" * 2000],
     "ignore_eos": ["true", 1],
     "best_of": [3],
     "suffix": ["tail"],
@@ -56,7 +57,11 @@ WRONG_CHAT = {
     "logprobs": [3, "yes"],
     "top_logprobs": [5, -1, 21],
     "tools": [[{"type": "function"}]],
-    "response_format": [{"type": "json_object"}],
+    "response_format": [{"type": "xml"}, {"type": "json_schema"}, {"type": "text", "x": 1},
+                        {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                            "type": "nonsense"}}}],
+    "grammar": [5, "root ::= undefined_rule"],
+    "chat_template_kwargs": [[1], {"messages": 1}, {"not an identifier": 1}],
     "max_completion_tokens": [0, "9"],
 }
 

@@ -47,7 +47,7 @@ def _run(scheduler, prompts, **kind):
         job = Job(tok.encode(prompt), kind.get("max_tokens", 6), sampling, kind.get("stop", ()),
                   scheduler.info.stop_ids, kind.get("logprobs"))
         job.post = lambda e: e[0] in ("done", "error") and done.release()
-        scheduler.submit(job)
+        scheduler.submit([job])
         if kind.get("cancel"):
             scheduler.cancel(job)
         jobs.append(job)

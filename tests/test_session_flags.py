@@ -71,7 +71,7 @@ def _serve_one(graph, ids, *flags):
         done = threading.Event()
         job = Job(ids, 6, SamplingOptions())
         job.post = lambda event: event[0] in ("done", "error") and done.set()
-        scheduler.submit(job)
+        scheduler.submit([job])
         assert done.wait(60)
         tokens = list(job.tokens)
         return tokens, scheduler.stats()["kept_bytes"]

@@ -65,10 +65,11 @@ class TokenizerProcess:
         """Raises TokenizerError (the tokenizer's own, or past the deadline)."""
         return self._call({"text": text, "special": add_special_tokens})
 
-    def apply_chat_template(self, messages, add_generation_prompt=True, limits=None, **_):
-        """Raises TokenizerError (the template's own, or past the deadline)."""
+    def apply_chat_template(self, messages, add_generation_prompt=True, limits=None, **extra):
+        """``extra``: more template variables (JSON values). Raises TokenizerError (the
+        template's own, or past the deadline)."""
         return self._call({"messages": [dict(m) for m in messages],
-                           "generation_prompt": add_generation_prompt,
+                           "generation_prompt": add_generation_prompt, "extra": extra,
                            "limits": asdict(limits) if limits is not None else None})
 
     def close(self) -> None:
@@ -169,7 +170,8 @@ def _worker() -> None:
             elif "messages" in request:
                 limits = TemplateLimits(**request["limits"]) if request["limits"] else None
                 reply = {"ids": tok.apply_chat_template(
-                    request["messages"], request["generation_prompt"], limits=limits)}
+                    request["messages"], request["generation_prompt"], limits=limits,
+                    **request["extra"])}
             else:
                 reply = {"ids": tok.encode(request["text"], request["special"])}
         except TokenizerError as e:

@@ -9,10 +9,9 @@ large, 429 queue full and 503 shutting down (both with ``Retry-After``).
 """
 
 import asyncio
-import json
 import logging
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,25 +20,18 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from mlxgraph.generation.options import OptionError, SamplingOptions
+from mlxgraph.tools.serve.endpoints import Endpoints
 from mlxgraph.tools.serve.job import Job
-from mlxgraph.tools.serve.openai_requests import (
-    RequestError,
-    parse_chat,
-    parse_completion,
-)
+from mlxgraph.tools.serve.metrics import Metrics
+from mlxgraph.tools.serve.openai_requests import RequestError, parse_chat, parse_completion
 from mlxgraph.tools.serve.openai_responses import ResponseBuilder
+from mlxgraph.tools.serve.relay import GONE, Relay, error_response
+from mlxgraph.tools.serve.request_grammar import Grammars
 from mlxgraph.tools.serve.request_json import parse_json
 from mlxgraph.tools.serve.request_tokens import RequestTokens
 
 MAX_BODY_BYTES = 8 << 20
-RETRY_AFTER_SECONDS = 1
 log = logging.getLogger("mlxgraph.serve")
-
-
-def error_response(e: RequestError) -> JSONResponse:
-    """The OpenAI error document of ``e`` with its status (and Retry-After on 429/503)."""
-    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if e.status in (429, 503) else None
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 async def read_body(request) -> bytes:
@@ -68,14 +60,29 @@ class Handlers:
         self.max_tokens = scheduler.options.max_tokens
         self.created = int(time.time())
         self.tokens = RequestTokens(scheduler.info, tokenize_timeout)
+        self.grammars = Grammars(scheduler.info, self.tokens)
 
     async def health(self, request):
         return JSONResponse({"status": "ok"})
 
+    def model_doc(self) -> dict:
+        """The served model as /v1/models lists it."""
+        return {"id": self.model_id, "object": "model", "created": self.created,
+                "owned_by": "mlxgraph"}
+
+    def check_model(self, model) -> None:
+        """Raises RequestError (404, model_not_found) unless ``model`` is None or ours."""
+        if model is not None and model != self.model_id:
+            raise RequestError(f"model {model!r} does not exist here; this server runs "
+                               f"{self.model_id!r}", "model", status=404,
+                               code="model_not_found")
+
+    async def body(self, request) -> bytes:
+        """The request's body (RequestError 413 past MAX_BODY_BYTES)."""
+        return await read_body(request)
+
     async def models(self, request):
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.model_id, "object": "model", "created": self.created,
-             "owned_by": "mlxgraph"}]})
+        return JSONResponse({"object": "list", "data": [self.model_doc()]})
 
     async def stats(self, request):
         return JSONResponse(self.scheduler.stats())
@@ -86,18 +93,25 @@ class Handlers:
     async def chat(self, request):
         return await self._serve(request, "chat")
 
-    def _job(self, req, ids) -> Job:
-        if req.model is not None and req.model != self.model_id:
-            raise RequestError(f"model {req.model!r} does not exist here; this server runs "
-                               f"{self.model_id!r}", "model", status=404,
-                               code="model_not_found")
+    def _check(self, req, prompts) -> None:
+        """What the request asks of this server: its model, its limits, its vocabulary."""
+        self.check_model(req.model)
         if req.max_tokens is not None and req.max_tokens > self.max_tokens:
             raise RequestError(f"'max_tokens' {req.max_tokens} is over this server's limit "
                                f"of {self.max_tokens}", "max_tokens")
+        slots = self.scheduler.options.max_sessions
+        if req.n * len(prompts) > slots:
+            raise RequestError(f"{req.n * len(prompts)} choices ('n' times the prompts) are "
+                               f"more than this server generates at once ({slots})",
+                               "n" if req.n > 1 else "prompt")
         bad = [t for t in req.logit_bias if t >= self.info.vocab_size]
         if bad:
             raise RequestError(f"'logit_bias': token id {bad[0]} is outside the vocabulary "
                                f"[0, {self.info.vocab_size})", "logit_bias")
+
+    def _jobs(self, req, prompts, constraints) -> list:
+        """The request's jobs: ``n`` choices of each prompt, choice j of a prompt a fork of
+        its first (the prompt prefilled once) sampling with ``seed + j``."""
         try:  # the request's fields are checked already; this is the library's own check
             sampling = SamplingOptions(**{f.name: getattr(req, f.name)
                                           for f in fields(SamplingOptions)})
@@ -106,99 +120,64 @@ class Handlers:
         # --chat-template's turn end (a built-in's) ends a chat answer as the model's EOS would
         template = getattr(self.info.tokenizer, "template", None)
         stop = (*req.stop, *template.stops) if template and req.kind == "chat" else req.stop
-        return Job(ids, req.max_tokens or self.max_tokens, sampling, stop,
-                   () if req.ignore_eos else self.info.stop_ids, req.logprobs)
+        jobs, constraints = [], iter(constraints)
+        for ids in prompts:
+            leader = None
+            for j in range(req.n):
+                seed = None if sampling.seed is None else (sampling.seed + j) % 2**63
+                job = Job(ids, req.max_tokens or self.max_tokens, replace(sampling, seed=seed),
+                          stop, () if req.ignore_eos else self.info.stop_ids, req.logprobs,
+                          leader=leader, constraint=next(constraints))
+                leader = leader or job
+                jobs.append(job)
+        return jobs
+
+    def _prefixes(self, req, prompts) -> list:
+        """Each choice's text before its tokens: the prompt's when ``echo``, else ''."""
+        if not req.echo:
+            return [""] * (req.n * len(prompts))
+        tok = self.info.tokenizer
+        if tok is None and any(isinstance(p, list) for p in req.prompts):
+            raise RequestError("'echo' of token ids needs a tokenizer; this model has none",
+                               "echo")
+        texts = [p if isinstance(p, str) else tok.decode(ids)
+                 for p, ids in zip(req.prompts, prompts)]
+        return [t for t in texts for _ in range(req.n)]
 
     async def _serve(self, request, kind):
         try:
             doc = parse_json(await read_body(request))
             parse = parse_completion if kind == "completion" else parse_chat
             req = parse(doc, self.scheduler.options.sampling)
-            job = self._job(req, await self.tokens.ids(req))
+            prompts = await self.tokens.ids(req)
+            self._check(req, prompts)
+            constraints = await self.grammars.constraints(req, req.n * len(prompts))
+            jobs, prefixes = self._jobs(req, prompts, constraints), self._prefixes(req, prompts)
         except RequestError as e:
             return error_response(e)
         except ClientDisconnect:
             log.info("a client went away before its request was read")
-            return Response(status_code=499)  # nobody reads this
+            return Response(status_code=GONE)
         queue, loop = asyncio.Queue(), asyncio.get_running_loop()
-        job.post = lambda event: _post(loop, queue, event)
+        for k, job in enumerate(jobs):
+            job.post = lambda event, k=k: _post(loop, queue, (k, event))
         try:
-            self.scheduler.submit(job)
+            self.scheduler.submit(jobs)
         except RequestError as e:
             return error_response(e)
         builder = ResponseBuilder(kind, self.model_id, self._token_text)
-        first = await self._next(request, job, queue)
+        relay = Relay(self.scheduler, request, jobs, queue, builder, req, prefixes)
+        first = await relay.next()
         if first is None:
-            return Response(status_code=499)  # the client is gone; nobody reads this
-        if first[0] == "error":
-            return error_response(RequestError(first[2], status=first[1], kind="server_error"))
+            return Response(status_code=GONE)
+        if first[1][0] == "error":
+            relay.cancel()
+            return error_response(RequestError(first[1][2], status=first[1][1],
+                                               kind="server_error"))
         if req.stream:
-            return StreamingResponse(self._events(job, queue, builder, req, first),
-                                     media_type="text/event-stream",
+            return StreamingResponse(relay.events(first), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await self._whole(request, job, queue, builder, first)
-
-    async def _next(self, request, job, queue):
-        """The job's next event, or None (the job cancelled) when the client goes first."""
-        if not queue.empty():
-            return queue.get_nowait()
-        getter = asyncio.ensure_future(queue.get())
-        watcher = asyncio.ensure_future(_disconnected(request))
-        try:
-            await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
-        if getter.done():
-            return getter.result()
-        getter.cancel()
-        self.scheduler.cancel(job)
-        log.info("request %d: the client went away; cancelled", job.number)
-        return None
-
-    async def _whole(self, request, job, queue, builder, event):
-        pieces, entries = [], []
-        while event[0] == "token":
-            pieces.append(event[1])
-            if event[2] is not None:
-                entries.append((event[2], event[1], event[3]))
-            event = await self._next(request, job, queue)
-            if event is None:
-                return Response(status_code=499)
-        if event[0] == "error":
-            return error_response(RequestError(event[2], status=event[1], kind="server_error"))
-        logprobs = entries if job.logprobs is not None else ()
-        return JSONResponse(builder.whole("".join(pieces), event[1], event[2], logprobs))
-
-    async def _events(self, job, queue, builder, req, event):
-        done = False
-        try:
-            if req.kind == "chat":
-                yield _sse(builder.chunk("", first=True))
-            while True:
-                if event[0] == "token":
-                    # A token that leaves a character incomplete sends nothing (no empty
-                    # delta), unless the client asked for its log-probability.
-                    lp = [(event[2], event[1], event[3])] if event[3] is not None else ()
-                    if event[1] or lp:
-                        yield _sse(builder.chunk(event[1], lp))
-                elif event[0] == "done":
-                    done = True
-                    yield _sse(builder.chunk("", finish_reason=event[1]))
-                    if req.include_usage:
-                        yield _sse(builder.usage_chunk(event[2]))
-                    yield "data: [DONE]\n\n"
-                    return
-                else:
-                    done = True
-                    yield _sse(RequestError(event[2], status=event[1], kind="server_error").body())
-                    yield "data: [DONE]\n\n"
-                    return
-                event = await queue.get()
-        finally:
-            if not done:  # the client went away (or the server is stopping): free the session
-                self.scheduler.cancel(job)
-                log.info("request %d: the stream was closed before its end; cancelled",
-                         job.number)
+        return await relay.whole(first)
 
     def _token_text(self, token: int) -> str:
         tok = self.info.tokenizer
@@ -210,15 +189,6 @@ def _post(loop, queue, event) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, event)
     except RuntimeError:  # the event loop is closed: nobody is listening any more
         pass
-
-
-async def _disconnected(request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-def _sse(doc) -> str:
-    return f"data: {json.dumps(doc)}\n\n"
 
 
 async def _server_error(request, exc):
@@ -240,9 +210,17 @@ async def _http_error(request, exc):
 def build_app(scheduler, model_id: str, lifespan=None, tokenize_timeout: float = 5.0):
     """The starlette application over a started scheduler (its Handlers: ``app.state``)."""
     h = Handlers(scheduler, model_id, tokenize_timeout)
+    metrics = Metrics(scheduler)
+    scheduler.metrics = metrics
+    more = Endpoints(h, metrics)
     routes = [
         Route("/health", h.health, methods=["GET"]),
         Route("/v1/models", h.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", more.model, methods=["GET"]),
+        Route("/metrics", more.metrics_text, methods=["GET"]),
+        Route("/tokenize", more.tokenize, methods=["POST"]),
+        Route("/detokenize", more.detokenize, methods=["POST"]),
+        Route("/v1/embeddings", more.embeddings, methods=["GET", "POST"]),
         Route("/stats", h.stats, methods=["GET"]),
         Route("/v1/completions", h.completions, methods=["POST"]),
         Route("/v1/chat/completions", h.chat, methods=["POST"]),
@@ -253,4 +231,4 @@ def build_app(scheduler, model_id: str, lifespan=None, tokenize_timeout: float =
     return app
 
 
-__all__ = ["build_app", "error_response", "read_body"]
+__all__ = ["build_app", "read_body"]

@@ -25,10 +25,14 @@ class Job:
         stop: stop strings; stop_ids: token ids that end generation.
         logprobs: None, or how many top alternatives to report per token (0: the chosen only).
         post: ``fn(event)`` the scheduler calls (from its thread) to deliver an event.
+        constraint: None, or its grammar's Constraint (generation/constrained.py): each
+            token is chosen within its mask, so its step is not pipelined ahead.
+        leader: another choice of the same prompt (``n`` > 1): this job takes no prompt
+            steps of its own but a fork of the leader's session once its prompt is in.
     """
 
     def __init__(self, ids, max_tokens, sampling, stop=(), stop_ids=(), logprobs=None,
-                 post=None):
+                 post=None, leader=None, constraint=None):
         self.number = next(_ids)
         self.ids = list(ids)
         self.max_tokens = int(max_tokens)
@@ -36,7 +40,13 @@ class Job:
         self.stop, self.stop_ids, self.logprobs = tuple(stop), frozenset(stop_ids), logprobs
         self.post = post or (lambda event: None)
         self.cancelled = False
+        self.constraint = constraint
+        self.failed = False  # set by the scheduler: its waiting forks are dropped with it
+        self.leader, self.followers = leader, []
+        if leader is not None:
+            leader.followers.append(self)
         self.submitted = time.perf_counter()
+        self.first_token_at = None  # when the first token was read (the scheduler's)
         # Run state, the scheduler thread's only.
         self.session = None
         self.fed = 0  # prompt tokens in the session
@@ -45,6 +55,7 @@ class Job:
         self.sampler = self.decoder = self.stops = None
         self.y = self.y_logprob = None  # the lazy next token (and its log-probabilities)
         self.ahead = self.ahead_logprob = None  # the step queued after y
+        self.ahead_logits = None  # constrained: its logits, chosen from once y is read
         self.tokens = []
 
     @property
@@ -64,7 +75,8 @@ class Job:
     def release(self) -> None:
         """Drop the run state (the session's memory goes with it)."""
         self.session = self.sampler = self.y = self.y_logprob = None
-        self.ahead = self.ahead_logprob = None
+        self.ahead = self.ahead_logprob = self.ahead_logits = self.constraint = None
+        self.leader, self.followers = None, []  # no cycle between the choices
 
 
 __all__ = ["Job"]

@@ -2,23 +2,32 @@
 
 Every field a client may send is listed here with its type and domain. A wrong type, a value
 out of range, an unknown field, or a field whose non-default value this server does not
-implement (``echo``, tools, ...) is a :class:`RequestError`
+implement (``best_of``, tools, ...) is a :class:`RequestError`
 (HTTP 400, naming the field): a request is served exactly as asked, or refused.
 No mlx import.
 """
 
-import json
-import math
 from dataclasses import dataclass, field
 
-from mlxgraph.generation.options import MAX_COUNT, MAX_LOGIT_BIAS, MAX_PENALTY, SAMPLING_ONLY
-from mlxgraph.schema.errors import Error
+from mlxgraph.generation.options import MAX_PENALTY, SAMPLING_ONLY
+from mlxgraph.tools.serve.request_fields import (
+    RequestError,
+    boolean,
+    inert,
+    integer,
+    is_int,
+    logit_bias,
+    number,
+    only,
+    response_format,
+    stop_strings,
+    string,
+    template_kwargs,
+)
 
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 256
 MAX_TOP_LOGPROBS = 20
 MAX_MESSAGES = 4096
-MAX_TOKEN_ID = MAX_COUNT
+MAX_CHOICES = 128  # n, and prompts in a list: also at most the server's --max-sessions
 # Fields a client may send that change nothing here (bookkeeping on OpenAI's side).
 INERT = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
 # The fields `mlxgraph serve --temp/--seed/--top-k/--top-p/--min-p` give defaults for, in the
@@ -27,37 +36,20 @@ SERVER_DEFAULTS = ("temperature", "seed", "top_k", "top_p", "min_p")
 FILTERS = frozenset({"top_k", "top_p", "min_p"})
 
 
-class RequestError(Error):
-    """A request refused with an HTTP status and an OpenAI-style error body.
-
-    Args:
-        message: one line naming what is wrong.
-        param: the request field at fault (None: the request as a whole).
-        status: the HTTP status (400 unless told).
-        code: OpenAI's machine-readable code, when one fits.
-    """
-
-    def __init__(self, message, param=None, status=400, code=None, kind="invalid_request_error"):
-        super().__init__(message)
-        self.message, self.param, self.status, self.code, self.kind = (
-            message, param, status, code, kind)
-
-    def body(self) -> dict:
-        """The error document: {"error": {"message", "type", "param", "code"}}."""
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code}}
-
-
 @dataclass
 class TextRequest:
-    """One completion or chat request, checked. ``prompt`` is text or token ids (completions);
-    ``messages`` the chat messages (chat). ``logprobs``: how many top alternatives per token
-    (None: no log-probabilities)."""
+    """One completion or chat request, checked. ``prompts``: each prompt a text or token ids
+    (completions: one choice each, times ``n``); ``messages`` the chat messages (chat).
+    ``logprobs``: how many top alternatives per token (None: no log-probabilities)."""
 
     kind: str  # "completion" | "chat"
     model: str | None = None
-    prompt: object = None
+    prompts: list = field(default_factory=list)
     messages: list | None = None
+    n: int = 1
+    echo: bool = False
+    template_kwargs: dict = field(default_factory=dict)
+    constraint: tuple | None = None  # (kind, value) of generation/constrained.py's grammar()
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
@@ -73,123 +65,45 @@ class TextRequest:
     include_usage: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None
-    extra: dict = field(default_factory=dict)
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
-
-
-def _int(lo, hi):
-    def check(name, v):
-        if not _is_int(v) or not lo <= v <= hi:
-            raise RequestError(f"'{name}' must be an integer in [{lo}, {hi}], got {v!r}", name)
-        return int(v)
-    return check
-
-
-def _number(lo, hi, open_lo=False, open_hi=False):
-    def check(name, v):
-        ok = _is_number(v) and (v > lo if open_lo else v >= lo) and (v < hi if open_hi else v <= hi)
-        if not ok:
-            span = f"{'(' if open_lo else '['}{lo}, {hi}{')' if open_hi else ']'}"
-            raise RequestError(f"'{name}' must be a number in {span}, got {v!r}", name)
-        return float(v)
-    return check
-
-
-def _bool(name, v):
-    if not isinstance(v, bool):
-        raise RequestError(f"'{name}' must be true or false, got {v!r}", name)
-    return v
-
-
-def _string(name, v):
-    if not isinstance(v, str):
-        raise RequestError(f"'{name}' must be a string, got {type(v).__name__}", name)
-    return v
-
-
-def _stop(name, v):
-    stops = [v] if isinstance(v, str) else v
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise RequestError(f"'{name}' must be a string or a list of strings", name)
-    if len(stops) > MAX_STOP_STRINGS or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
-        raise RequestError(f"'{name}': at most {MAX_STOP_STRINGS} strings of 1 to "
-                           f"{MAX_STOP_CHARS} characters", name)
-    return tuple(stops)
-
-
-def _logit_bias(name, v):
-    """OpenAI's logit_bias: {"token id": bias in [-100, 100]} -> {int: float} (the ids are
-    checked against the vocabulary with the prompt's)."""
-    if not isinstance(v, dict):
-        raise RequestError(f"'{name}' must be an object of token ids to numbers", name)
-    out = {}
-    for key, bias in v.items():
-        if not (key.isascii() and key.isdigit()) or int(key) > MAX_TOKEN_ID:
-            raise RequestError(f"'{name}' keys must be token ids (strings of digits), got "
-                               f"{key!r}", name)
-        if not _is_number(bias) or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-            raise RequestError(f"'{name}' values must be numbers in [-{MAX_LOGIT_BIAS:g}, "
-                               f"{MAX_LOGIT_BIAS:g}], got {bias!r} for token {key}", name)
-        out[int(key)] = float(bias)
-    return out
-
-
-def _only(default, what):
-    """A field accepted only at its default (what it would change is not implemented)."""
-    def check(name, v):
-        if v != default or type(v) is not type(default):
-            raise RequestError(f"'{name}' {what} is not supported by this server (only "
-                               f"{json.dumps(default)})", name)
-        return v
-    return check
-
-
-def _inert(name, v):
-    return v
 
 
 COMMON = {
-    "model": _string,
-    "max_tokens": _int(1, 2**31 - 1),
-    "temperature": _number(0.0, 100.0),
-    "top_p": _number(0.0, 1.0, open_lo=True),
-    "top_k": _int(0, 2**31 - 1),
-    "min_p": _number(0.0, 1.0, open_hi=True),
-    "repetition_penalty": _number(0.0, 100.0, open_lo=True),
-    "seed": _int(0, 2**63 - 1),
-    "stop": _stop,
-    "stream": _bool,
-    "n": _only(1, "other than 1"),
-    "presence_penalty": _number(-MAX_PENALTY, MAX_PENALTY),
-    "frequency_penalty": _number(-MAX_PENALTY, MAX_PENALTY),
-    "logit_bias": _logit_bias,
-    "ignore_eos": _bool,  # vLLM's extension: generate past the model's EOS tokens
-    **{name: _inert for name in INERT},
+    "model": string,
+    "max_tokens": integer(1, 2**31 - 1),
+    "temperature": number(0.0, 100.0),
+    "top_p": number(0.0, 1.0, open_lo=True),
+    "top_k": integer(0, 2**31 - 1),
+    "min_p": number(0.0, 1.0, open_hi=True),
+    "repetition_penalty": number(0.0, 100.0, open_lo=True),
+    "seed": integer(0, 2**63 - 1),
+    "stop": stop_strings,
+    "stream": boolean,
+    "n": integer(1, MAX_CHOICES),
+    "presence_penalty": number(-MAX_PENALTY, MAX_PENALTY),
+    "frequency_penalty": number(-MAX_PENALTY, MAX_PENALTY),
+    "logit_bias": logit_bias,
+    "ignore_eos": boolean,  # vLLM's extension: generate past the model's EOS tokens
+    "response_format": response_format,
+    "grammar": string,  # llama.cpp's extension: a GBNF grammar
+    **{name: inert for name in INERT},
 }
 COMPLETION = {
     **COMMON,
-    "prompt": _inert,  # checked by _prompt
-    "logprobs": _int(0, MAX_TOP_LOGPROBS),
-    "echo": _only(False, "true"),
-    "best_of": _only(1, "other than 1"),
-    "suffix": _only("", "with text"),
+    "prompt": inert,  # checked by _prompts
+    "logprobs": integer(0, MAX_TOP_LOGPROBS),
+    "echo": boolean,
+    "best_of": only(1, "other than 1"),
+    "suffix": only("", "with text"),
 }
 CHAT = {
     **COMMON,
-    "messages": _inert,  # checked by _messages
-    "max_completion_tokens": _int(1, 2**31 - 1),
-    "logprobs": _bool,
-    "top_logprobs": _int(0, MAX_TOP_LOGPROBS),
-    "tools": _only([], "with tools"),
-    "tool_choice": _only("none", "other than \"none\""),
-    "response_format": _only({"type": "text"}, "other than text"),
+    "messages": inert,  # checked by _messages
+    "max_completion_tokens": integer(1, 2**31 - 1),
+    "logprobs": boolean,
+    "top_logprobs": integer(0, MAX_TOP_LOGPROBS),
+    "chat_template_kwargs": template_kwargs,  # vLLM's extension
+    "tools": only([], "with tools"),
+    "tool_choice": only("none", "other than \"none\""),
 }
 
 
@@ -213,20 +127,27 @@ def _stream_options(doc: dict) -> bool:
         raise RequestError("'stream_options' may only hold 'include_usage'", "stream_options")
     if not doc.get("stream"):
         raise RequestError("'stream_options' needs 'stream': true", "stream_options")
-    return _bool("stream_options.include_usage", opts.get("include_usage", False))
+    return boolean("stream_options.include_usage", opts.get("include_usage", False))
+
+
+def _prompts(v) -> list:
+    """OpenAI's prompt: a text, token ids, or a list of either (each its own choice)."""
+    if isinstance(v, list) and v and all(isinstance(p, (str, list)) for p in v):
+        if len(v) > MAX_CHOICES:
+            raise RequestError(f"'prompt': at most {MAX_CHOICES} prompts in a list", "prompt")
+        return [_prompt(p) for p in v]
+    return [_prompt(v)]
 
 
 def _prompt(v):
-    if isinstance(v, list) and len(v) == 1 and isinstance(v[0], (str, list)):
-        v = v[0]  # a batch of one prompt
     if isinstance(v, str):
         if not v:
             raise RequestError("'prompt' is empty", "prompt")
         return v
-    if isinstance(v, list) and v and all(_is_int(t) for t in v):
+    if isinstance(v, list) and v and all(is_int(t) for t in v):
         return [int(t) for t in v]
-    raise RequestError("'prompt' must be a non-empty string or list of token ids (one prompt)",
-                       "prompt")
+    raise RequestError("'prompt' must be a non-empty string or list of token ids, or a list "
+                       "of those", "prompt")
 
 
 def _content(i, content) -> str:
@@ -284,10 +205,17 @@ def _sampling(req, fields, defaults) -> None:
 def _request(kind, doc, fields, defaults) -> TextRequest:
     req = TextRequest(kind=kind)
     for name in ("model", "max_tokens", "repetition_penalty", "presence_penalty",
-                 "frequency_penalty", "logit_bias", "stream", "ignore_eos"):
+                 "frequency_penalty", "logit_bias", "stream", "ignore_eos", "n"):
         if name in fields:
             setattr(req, name, fields[name])
     _sampling(req, fields, defaults or {})
+    if "grammar" in fields and fields.get("response_format"):
+        raise RequestError("give 'grammar' or a 'response_format', not both", "grammar")
+    req.constraint = fields.get("response_format") or (
+        ("gbnf", fields["grammar"]) if "grammar" in fields else None)
+    if req.constraint is not None and req.ignore_eos:
+        raise RequestError("'ignore_eos' with a grammar: the grammar ends at the EOS token",
+                           "ignore_eos")
     req.stop = fields.get("stop", ())
     req.include_usage = _stream_options(doc)
     return req
@@ -300,8 +228,12 @@ def parse_completion(doc: dict, defaults=None) -> TextRequest:
     if "prompt" not in fields:
         raise RequestError("'prompt' is required", "prompt")
     req = _request("completion", doc, fields, defaults)
-    req.prompt = _prompt(fields["prompt"])
+    req.prompts = _prompts(fields["prompt"])
     req.logprobs = fields.get("logprobs")
+    req.echo = fields.get("echo", False)
+    if req.echo and req.logprobs is not None:  # OpenAI's would score the prompt's tokens too
+        raise RequestError("'echo' with 'logprobs' is not supported by this server (the "
+                           "prompt's log-probabilities are not computed)", "echo")
     return req
 
 
@@ -312,6 +244,7 @@ def parse_chat(doc: dict, defaults=None) -> TextRequest:
         raise RequestError("'messages' is required", "messages")
     req = _request("chat", doc, fields, defaults)
     req.messages = _messages(fields["messages"])
+    req.template_kwargs = fields.get("chat_template_kwargs", {})
     if "max_completion_tokens" in fields:
         req.max_tokens = fields["max_completion_tokens"]
     if "top_logprobs" in fields and not fields.get("logprobs"):
@@ -321,4 +254,4 @@ def parse_chat(doc: dict, defaults=None) -> TextRequest:
     return req
 
 
-__all__ = ["RequestError", "TextRequest", "parse_chat", "parse_completion"]
+__all__ = ["MAX_CHOICES", "RequestError", "TextRequest", "parse_chat", "parse_completion"]

@@ -24,13 +24,14 @@ class ResponseBuilder:
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
-        self.offset = 0  # text offset, for completions' log-probabilities
+        self.offsets = {}  # {choice index: text offset}, for completions' log-probabilities
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def logprobs(self, entries) -> dict | None:
-        """The ``logprobs`` block of [(token, text, (logprob, top))...], or None when empty."""
+    def logprobs(self, entries, index=0) -> dict | None:
+        """The ``logprobs`` block of [(token, text, (logprob, top))...] of choice ``index``,
+        or None when empty."""
         entries = [e for e in entries if e[2] is not None]
         if not entries:
             return None
@@ -44,8 +45,8 @@ class ResponseBuilder:
             for i, v in top:  # best first; ids sharing a text keep the best one's value
                 alternatives.setdefault(self.token_text(i), v)
             doc["top_logprobs"].append(alternatives)
-            doc["text_offset"].append(self.offset)
-            self.offset += len(text)
+            doc["text_offset"].append(self.offsets.get(index, 0))
+            self.offsets[index] = self.offsets.get(index, 0) + len(text)
         return doc
 
     def _chat_logprob(self, token, lp) -> dict:
@@ -57,25 +58,32 @@ class ResponseBuilder:
 
         return {**one(token, chosen), "top_logprobs": [one(i, v) for i, v in top]}
 
-    def whole(self, text: str, finish_reason: str, usage: dict, entries) -> dict:
-        """The non-streaming response."""
-        lp = self.logprobs(entries)
-        if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": lp, "finish_reason": finish_reason}
-            return {**self._head("chat.completion"), "choices": [choice], "usage": usage}
-        choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason}
-        return {**self._head("text_completion"), "choices": [choice], "usage": usage}
+    def whole(self, choices, usage: dict) -> dict:
+        """The non-streaming response; ``choices``: [(text, finish_reason, entries)], in
+        order of their index."""
+        out = []
+        for index, (text, finish_reason, entries) in enumerate(choices):
+            lp = self.logprobs(entries, index)
+            if self.kind == "chat":
+                out.append({"index": index, "message": {"role": "assistant", "content": text},
+                            "logprobs": lp, "finish_reason": finish_reason})
+            else:
+                out.append({"index": index, "text": text, "logprobs": lp,
+                            "finish_reason": finish_reason})
+        obj = "chat.completion" if self.kind == "chat" else "text_completion"
+        return {**self._head(obj), "choices": out, "usage": usage}
 
-    def chunk(self, text: str, entries=(), finish_reason=None, first=False) -> dict:
-        """One stream chunk carrying ``text`` (the first chat chunk also names the role)."""
-        lp = self.logprobs(entries)
+    def chunk(self, text: str, entries=(), finish_reason=None, first=False, index=0) -> dict:
+        """One stream chunk of choice ``index`` carrying ``text`` (the first chat chunk also
+        names the role)."""
+        lp = self.logprobs(entries, index)
         if self.kind == "chat":
             delta = {"role": "assistant", "content": text} if first else (
                 {"content": text} if text or finish_reason is None else {})
-            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": lp,
+                      "finish_reason": finish_reason}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
         return {**self._head("text_completion"), "choices": [choice]}
 
     def usage_chunk(self, usage: dict) -> dict:
@@ -84,4 +92,16 @@ class ResponseBuilder:
         return {**self._head(obj), "choices": [], "usage": usage}
 
 
-__all__ = ["ResponseBuilder"]
+def total_usage(usages, n: int) -> dict:
+    """One request's usage over its choices (``n`` per prompt, a prompt's first choice
+    first): each prompt's tokens once, every choice's completion tokens."""
+    prompts = usages[::n]
+    prompt = sum(u["prompt_tokens"] for u in prompts)
+    completion = sum(u["completion_tokens"] for u in usages)
+    cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in prompts)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+__all__ = ["ResponseBuilder", "total_usage"]

@@ -22,27 +22,35 @@ TOKENIZE_THREADS = 4  # requests rendered and tokenized at once; more wait for a
 
 
 def tokenize(info, req, limits=None, tok=None) -> list:
-    """The prompt's token ids (chat: the chat template applied, under ``limits``).
+    """Each prompt's token ids, a list (chat: one, the chat template applied under
+    ``limits`` with the request's chat_template_kwargs).
 
     Raises:
         RequestError: 400 for a prompt or conversation the tokenizer or its chat template
             refuses (a template that fails or passes its limits included).
     """
     tok = info.tokenizer if tok is None else tok
-    where = "messages" if req.kind == "chat" else "prompt"
-    try:
-        if req.kind == "chat":
-            if tok is None or tok.chat_template is None:
-                raise RequestError("this model's tokenizer has no chat template; "
-                                   "use /v1/completions", "messages")
-            ids = tok.apply_chat_template(req.messages, add_generation_prompt=True,
-                                          limits=limits)
-        elif isinstance(req.prompt, list):
-            ids = req.prompt
+    if req.kind == "chat":
+        if tok is None or tok.chat_template is None:
+            raise RequestError("this model's tokenizer has no chat template; "
+                               "use /v1/completions", "messages")
+        return [_checked(info, "messages", lambda: tok.apply_chat_template(
+            req.messages, add_generation_prompt=True, limits=limits, **req.template_kwargs))]
+    out = []
+    for prompt in req.prompts:
+        if isinstance(prompt, list):
+            out.append(_checked(info, "prompt", lambda p=prompt: p))
         elif tok is None:
             raise RequestError("this model carries no tokenizer: send token ids", "prompt")
         else:
-            ids = tok.encode(req.prompt)
+            out.append(_checked(info, "prompt", lambda p=prompt: tok.encode(p)))
+    return out
+
+
+def _checked(info, where, encode) -> list:
+    """``encode()``'s ids, checked against the vocabulary and the context."""
+    try:
+        ids = encode()
     except TokenizerError as e:
         raise RequestError(str(e), where) from None
     if not ids:
@@ -70,8 +78,8 @@ class RequestTokens:
             threading.Thread(target=self.processes.warm, daemon=True).start()
 
     async def ids(self, req) -> list:
-        """The prompt's ids. Raises RequestError: 400 (refused, or past the deadline in a
-        worker), 503 (no thread was free within the deadline)."""
+        """Each prompt's ids (tokenize's list). Raises RequestError: 400 (refused, or past
+        the deadline in a worker), 503 (no thread was free within the deadline)."""
         limits = TemplateLimits(seconds=self.timeout)
         work = asyncio.get_running_loop().run_in_executor(self.pool, self._here, req, limits)
         try:

@@ -17,6 +17,7 @@ with its session; a finished one leaves its session to the prefix cache.
 import collections
 import logging
 import threading
+import time
 from dataclasses import dataclass, replace
 
 from mlxgraph.tools.serve.openai_requests import RequestError
@@ -53,6 +54,7 @@ class Scheduler:
         self._load_error = None
         self._thread = threading.Thread(target=self._main, name="mlxgraph-scheduler", daemon=True)
         self.counters = collections.Counter()
+        self.metrics = None  # the app's Metrics (tools/serve/metrics.py), when it has one
 
     # ------------------------------------------------------------ event-loop side
     def start(self) -> ModelInfo:
@@ -67,20 +69,22 @@ class Scheduler:
             raise self._load_error
         return self.info
 
-    def submit(self, job) -> None:
-        """Queue a job. Raises RequestError: 503 when closing, 429 when the queue is full."""
+    def submit(self, jobs) -> None:
+        """Queue a request's jobs (its choices, admitted together: at most max_sessions).
+        Raises RequestError: 503 when closing, 429 when the queue is full."""
         with self._cond:
             if self._closing:
                 raise RequestError("the server is shutting down", status=503,
                                    kind="server_error")
             opts = self.options
-            if len(self._active) + len(self._pending) >= opts.max_sessions + opts.max_queue:
+            waiting = sum(len(group) for group in self._pending)
+            if len(self._active) + waiting + len(jobs) > opts.max_sessions + opts.max_queue:
                 self.counters["refused_busy"] += 1
                 raise RequestError(
                     f"too many requests: {len(self._active)} generating and "
-                    f"{len(self._pending)} waiting; try again shortly",
+                    f"{waiting} waiting; try again shortly",
                     status=429, kind="rate_limit_error", code="rate_limit_exceeded")
-            self._pending.append(job)
+            self._pending.append(list(jobs))
             self._cond.notify()
 
     def cancel(self, job) -> None:
@@ -93,7 +97,7 @@ class Scheduler:
         """Refuse new jobs, cancel the rest, stop the thread."""
         with self._cond:
             self._closing = self._stopped = True
-            for job in list(self._pending) + list(self._active):
+            for job in self._jobs():
                 job.cancelled = True
             self._cond.notify()
         if self._thread.is_alive():
@@ -110,10 +114,14 @@ class Scheduler:
         cache = getattr(self, "_cache", None)
         with self._cond:
             doc = dict(self.counters)
-            doc.update(active=len(self._active), waiting=len(self._pending))
+            doc.update(active=len(self._active),
+                       waiting=sum(len(group) for group in self._pending))
         doc.update(kept_sessions=len(cache) if cache is not None else 0,
                    kept_bytes=cache.bytes if cache is not None else 0)
         return doc
+
+    def _jobs(self) -> list:
+        return [j for group in self._pending for j in group] + list(self._active)
 
     # ------------------------------------------------------------ scheduler thread
     def _main(self) -> None:
@@ -127,7 +135,7 @@ class Scheduler:
         try:
             self._loop()
         finally:
-            for job in list(self._active) + list(self._pending):
+            for job in self._jobs():
                 self._fail(job, 503, "the server is shutting down")
             self._active.clear()
             self._cache.clear()
@@ -154,7 +162,11 @@ class Scheduler:
         # (a default bounded by memory could differ from one request to the next).
         self._session_options = replace(opts.session, capacity=probe.capacity)
         self._cache = PrefixCache(opts.cache_bytes)
-        self._stepper = Stepper(opts.session.prefill_chunk, self.counters)
+        self._stepper = Stepper(opts.session.prefill_chunk, self.counters, self._batch)
+
+    def _batch(self, rows: int) -> None:
+        if self.metrics is not None:
+            self.metrics.batch(rows)
 
     def _new_session(self):
         from mlxgraph.tools.output import ToolError
@@ -173,10 +185,10 @@ class Scheduler:
                     self._cond.wait()
                 if self._stopped:
                     return
-                admitted = []
-                while self._pending and len(self._active) + len(admitted) < \
-                        self.options.max_sessions:
-                    admitted.append(self._pending.popleft())
+                admitted = []  # a request's choices together (forks of one prompt)
+                while self._pending and len(self._active) + len(admitted) + len(
+                        self._pending[0]) <= self.options.max_sessions:
+                    admitted += self._pending.popleft()
             for job in admitted:
                 if not self._dropped(job):
                     self._admit(job)
@@ -185,7 +197,10 @@ class Scheduler:
                 self._round()
 
     def _dropped(self, job) -> bool:
-        if job.cancelled:
+        # A choice waiting for its leader's prompt, the leader gone: the request has its error
+        orphan = job.session is None and job.leader is not None and (
+            job.leader.cancelled or job.leader.failed)
+        if job.cancelled or orphan:
             self.counters["cancelled"] += 1
             job.release()
             return True
@@ -193,8 +208,11 @@ class Scheduler:
 
     def _admit(self, job) -> None:
         try:
-            session, reused = self._cache.take(job.ids)
-            session = session if session is not None else self._new_session()
+            if job.leader is not None:  # a fork of the leader's session, once its prompt is in
+                session, reused = None, 0
+            else:
+                session, reused = self._cache.take(job.ids)
+                session = session if session is not None else self._new_session()
             self._stepper.begin(job, session, reused, self.info)
         except RequestError as e:
             self._fail(job, e.status, e.message)
@@ -202,9 +220,11 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001 - a bad request must not stop the server
             self._fail(job, 500, f"{type(e).__name__}: {e}")
             return
-        self.counters["requests"] += 1
-        self.counters["prompt_tokens"] += len(job.ids)
-        self.counters["reused_tokens"] += reused
+        if job.leader is None:
+            self.counters["requests"] += 1
+            self.counters["prompt_tokens"] += len(job.ids)
+            self.counters["reused_tokens"] += reused
+            self.counters["prefix_hits"] += reused > 0
         with self._cond:
             self._active.append(job)
 
@@ -227,11 +247,14 @@ class Scheduler:
                 self._cache.put(job.ids + job.tokens[:-1], job.session)
             log.info("request %d: %d prompt tokens (%d reused), %d generated, %s",
                      job.number, len(job.ids), job.cached, len(job.tokens), outcome)
+            if self.metrics is not None:
+                self.metrics.finished(job, time.perf_counter())
             job.post(("done", outcome, job.usage()))
             job.release()
 
     def _fail(self, job, status, message) -> None:
         self.counters["failed"] += 1
+        job.failed = True
         job.post(("error", status, message))
         job.release()
 

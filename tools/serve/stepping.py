@@ -9,6 +9,8 @@ streams). The step fed after a job's last token is rewound when the job ends. Im
 the scheduler thread only.
 """
 
+import time
+
 import mlx.core as mx
 
 from mlxgraph.generation.sampling import make_sampler
@@ -23,8 +25,9 @@ class Stepper:
             prefills (one job's chunk is never split, so the split matches ``generate``).
     """
 
-    def __init__(self, chunk: int, counters=None):
+    def __init__(self, chunk: int, counters=None, on_batch=None):
         self.chunk = int(chunk)
+        self.on_batch = on_batch or (lambda rows: None)  # rows of each decode evaluation
         # decode_steps: evaluations of decode rows; decode_rows: rows in them (their ratio
         # is the batch size the server reached); batch_fallbacks: refused batches.
         self.counters = counters if counters is not None else {}
@@ -34,7 +37,8 @@ class Stepper:
     def begin(self, job, session, reused: int, info) -> None:
         """Attach a session holding ``reused`` prompt tokens and set up sampling and text."""
         job.session, job.fed, job.cached = session, reused, reused
-        room = session.capacity - len(job.ids) + 1 if info.full_attention else job.max_tokens
+        # every session has the probe's capacity (a leader's fork included)
+        room = info.capacity - len(job.ids) + 1 if info.full_attention else job.max_tokens
         job.limit = max(1, min(job.max_tokens, room))
         job.sampler = make_sampler(job.sampling)
         job.sampler.begin(job.ids)
@@ -49,7 +53,7 @@ class Stepper:
         work, ended = [], []
         budget = self.chunk
         for job in jobs:
-            if job.decoding or budget <= 0:
+            if job.decoding or budget <= 0 or job.session is None:  # None: a leader's fork
                 continue
             try:
                 budget -= self._prefill(job, work)
@@ -60,6 +64,10 @@ class Stepper:
             try:
                 if isinstance(logits, Exception):
                     raise logits
+                if job.constraint is not None:  # chosen once y is read and consumed
+                    job.ahead_logits = logits
+                    work.append(logits)
+                    continue
                 job.ahead, job.ahead_logprob = self._pick(job, logits)
                 work += [job.ahead] + list(job.ahead_logprob or ())
             except Exception as e:  # noqa: BLE001
@@ -91,9 +99,17 @@ class Stepper:
             fed = len(piece)
             work += job.session.cache_state()
         if job.fed == body:
-            job.y, job.y_logprob = self._sample(job, mx.array([job.ids[-1:]], dtype=mx.int32))
-            job.fed += 1
-            work += [job.y] + list(job.y_logprob or ())
+            session = job.session
+            start = session.length
+            logits = session.step(mx.array([job.ids[-1:]], dtype=mx.int32), [start])[:, -1, :]
+            # The other choices of the prompt (n > 1): forks of this session, each sampling
+            # its own first token from the same logits.
+            for twin in [job] + [f for f in job.followers if f.session is None]:
+                if twin is not job:
+                    twin.session, twin.cached = session.fork(), len(job.ids)
+                twin.y, twin.y_logprob = self._pick(twin, logits)
+                twin.fed = len(job.ids)
+                work += [twin.y] + list(twin.y_logprob or ())
             fed += 1
         return fed
 
@@ -111,6 +127,7 @@ class Stepper:
                 outs = jobs[0].session.program.step_batch(rows)
                 counters["decode_steps"] += 1
                 counters["decode_rows"] += len(jobs)
+                self.on_batch(len(jobs))
                 return [(j, out[:, -1, :]) for j, out in zip(jobs, outs)]
             except Exception as e:  # noqa: BLE001 - find the bad row alone below
                 counters["batch_fallbacks"] += 1
@@ -120,6 +137,8 @@ class Stepper:
                            if j.session.length != n}
         counters["decode_steps"] += len(jobs) - len(rewound)
         counters["decode_rows"] += len(jobs) - len(rewound)
+        for _ in range(len(jobs) - len(rewound)):
+            self.on_batch(1)
         done = []
         for job in jobs:
             if id(job) in rewound:
@@ -132,16 +151,10 @@ class Stepper:
                 done.append((job, _bare(e)))
         return done
 
-    def _sample(self, job, tokens):
-        """The lazy next token after feeding ``tokens`` [1, T], and its log-probabilities."""
-        session = job.session
-        start = session.length
-        logits = session.step(tokens, range(start, start + tokens.shape[1]))[:, -1, :]
-        return self._pick(job, logits)
-
     def _pick(self, job, logits):
         """The job's lazy next token from ``logits`` [1, vocab], and its log-probabilities."""
-        token = job.sampler(logits)
+        allowed = job.constraint.allowed() if job.constraint is not None else None
+        token = job.sampler(logits, allowed)
         if job.logprobs is None:
             return token, None
         logp = logits.astype(mx.float32)
@@ -157,6 +170,10 @@ class Stepper:
         """Read the job's token, post it, and return a finish reason when the job ends."""
         token = int(job.y.item())
         job.tokens.append(token)
+        if len(job.tokens) == 1:
+            job.first_token_at = time.perf_counter()
+        if job.constraint is not None:
+            job.constraint.consume(token)
         text, hit = job.stops.feed(job.decoder.add(token) if job.decoder is not None else "")
         reason = None
         if hit or token in job.stop_ids:
@@ -165,10 +182,13 @@ class Stepper:
             reason = "length"
         job.post(("token", text, token, _logprob(job.y_logprob)))
         if reason is None:
-            job.y, job.y_logprob = job.ahead, job.ahead_logprob
-            job.ahead = job.ahead_logprob = None
+            if job.constraint is not None:
+                job.y, job.y_logprob = self._pick(job, job.ahead_logits)
+            else:
+                job.y, job.y_logprob = job.ahead, job.ahead_logprob
+            job.ahead = job.ahead_logprob = job.ahead_logits = None
             return None
-        if job.ahead is not None:
+        if job.ahead is not None or job.ahead_logits is not None:
             job.session.trim(1)  # the step fed after the last token is not history
         else:
             job.session.check()  # the last steps' index checks (interpreter/index_guard.py)
