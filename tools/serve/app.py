@@ -29,6 +29,8 @@ from mlxgraph.tools.serve.relay import GONE, Relay, error_response
 from mlxgraph.tools.serve.request_grammar import Grammars
 from mlxgraph.tools.serve.request_json import parse_json
 from mlxgraph.tools.serve.request_tokens import RequestTokens
+from mlxgraph.tools.serve.tool_calls import grammar as tool_grammar
+from mlxgraph.tools.serve.tool_calls import style_of
 
 MAX_BODY_BYTES = 8 << 20
 log = logging.getLogger("mlxgraph.serve")
@@ -61,6 +63,8 @@ class Handlers:
         self.created = int(time.time())
         self.tokens = RequestTokens(scheduler.info, tokenize_timeout)
         self.grammars = Grammars(scheduler.info, self.tokens)
+        # the tool-call syntax the model was taught, by its chat template
+        self.tool_style = style_of(getattr(scheduler.info.tokenizer, "chat_template", None))
 
     async def health(self, request):
         return JSONResponse({"status": "ok"})
@@ -151,6 +155,8 @@ class Handlers:
             req = parse(doc, self.scheduler.options.sampling)
             prompts = await self.tokens.ids(req)
             self._check(req, prompts)
+            if req.tool_choice not in ("none", "auto"):  # a call is forced: constrained
+                req.constraint = tool_grammar(req.tools, req.tool_choice, self.tool_style)
             constraints = await self.grammars.constraints(req, req.n * len(prompts))
             jobs, prefixes = self._jobs(req, prompts, constraints), self._prefixes(req, prompts)
         except RequestError as e:
@@ -166,7 +172,9 @@ class Handlers:
         except RequestError as e:
             return error_response(e)
         builder = ResponseBuilder(kind, self.model_id, self._token_text)
-        relay = Relay(self.scheduler, request, jobs, queue, builder, req, prefixes)
+        tools = None if req.tool_choice == "none" else (
+            {t["function"]["name"] for t in req.tools}, self.tool_style)
+        relay = Relay(self.scheduler, request, jobs, queue, builder, req, prefixes, tools)
         first = await relay.next()
         if first is None:
             return Response(status_code=GONE)

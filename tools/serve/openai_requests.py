@@ -10,6 +10,7 @@ No mlx import.
 from dataclasses import dataclass, field
 
 from mlxgraph.generation.options import MAX_PENALTY, SAMPLING_ONLY
+from mlxgraph.tools.serve.chat_messages import CHOICES, messages, tool_choice, tools
 from mlxgraph.tools.serve.request_fields import (
     RequestError,
     boolean,
@@ -26,7 +27,6 @@ from mlxgraph.tools.serve.request_fields import (
 )
 
 MAX_TOP_LOGPROBS = 20
-MAX_MESSAGES = 4096
 MAX_CHOICES = 128  # n, and prompts in a list: also at most the server's --max-sessions
 # Fields a client may send that change nothing here (bookkeeping on OpenAI's side).
 INERT = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
@@ -50,6 +50,8 @@ class TextRequest:
     echo: bool = False
     template_kwargs: dict = field(default_factory=dict)
     constraint: tuple | None = None  # (kind, value) of generation/constrained.py's grammar()
+    tools: list = field(default_factory=list)
+    tool_choice: str = "none"  # none, auto, required, or a function's name
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
@@ -97,13 +99,13 @@ COMPLETION = {
 }
 CHAT = {
     **COMMON,
-    "messages": inert,  # checked by _messages
+    "messages": inert,  # checked by chat_messages.messages
     "max_completion_tokens": integer(1, 2**31 - 1),
     "logprobs": boolean,
     "top_logprobs": integer(0, MAX_TOP_LOGPROBS),
     "chat_template_kwargs": template_kwargs,  # vLLM's extension
-    "tools": only([], "with tools"),
-    "tool_choice": only("none", "other than \"none\""),
+    "tools": tools,
+    "tool_choice": tool_choice,
 }
 
 
@@ -148,42 +150,6 @@ def _prompt(v):
         return [int(t) for t in v]
     raise RequestError("'prompt' must be a non-empty string or list of token ids, or a list "
                        "of those", "prompt")
-
-
-def _content(i, content) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: text only
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
-                    part.get("text"), str):
-                raise RequestError(f"messages[{i}].content: only text parts are supported",
-                                   "messages")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise RequestError(f"messages[{i}].content must be a string or a list of text parts",
-                       "messages")
-
-
-def _messages(v):
-    if not isinstance(v, list) or not v or len(v) > MAX_MESSAGES:
-        raise RequestError(f"'messages' must be a list of 1 to {MAX_MESSAGES} messages",
-                           "messages")
-    out = []
-    for i, m in enumerate(v):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise RequestError(f"messages[{i}] must be an object with a string 'role'",
-                               "messages")
-        if m["role"] not in ("system", "developer", "user", "assistant"):
-            raise RequestError(f"messages[{i}].role {m['role']!r} is not supported", "messages")
-        extra = set(m) - {"role", "content", "name"}
-        if extra:
-            raise RequestError(f"messages[{i}]: unsupported field '{sorted(extra)[0]}'",
-                               "messages")
-        role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": _content(i, m.get("content"))})
-    return out
 
 
 def _sampling(req, fields, defaults) -> None:
@@ -237,14 +203,41 @@ def parse_completion(doc: dict, defaults=None) -> TextRequest:
     return req
 
 
+def _tools(req, fields) -> None:
+    """The chat request's tools: handed to the template (as transformers does), and the
+    answer parsed for calls unless tool_choice is none (required or a name: constrained)."""
+    given = fields.get("tools") or []
+    names = {t["function"]["name"] for t in given}
+    choice = fields.get("tool_choice", "auto" if given else "none")
+    if choice != "none" and not given:
+        raise RequestError("'tool_choice' needs 'tools'", "tool_choice")
+    if choice not in CHOICES and choice not in names:
+        raise RequestError(f"'tool_choice': no tool is named {choice!r}", "tool_choice")
+    if given:
+        req.template_kwargs = {**req.template_kwargs, "tools": given}
+    req.tools, req.tool_choice = given, choice
+    if choice == "none":
+        return
+    if fields.get("logprobs"):
+        raise RequestError("'logprobs' with tools is not supported by this server (the "
+                           "answer is parsed for calls)", "logprobs")
+    if choice == "auto" and any(t["function"].get("strict") for t in given):
+        raise RequestError("'tools': strict functions need tool_choice required or a named "
+                           "function (which constrain the call to the schema)", "tools")
+    if choice != "auto" and req.constraint is not None:
+        raise RequestError("'tool_choice' that forces a call cannot be combined with a "
+                           "response_format or grammar", "tool_choice")
+
+
 def parse_chat(doc: dict, defaults=None) -> TextRequest:
     """A /v1/chat/completions body; ``defaults`` as parse_completion's. Raises RequestError."""
     fields = _fields(doc, CHAT)
     if "messages" not in fields:
         raise RequestError("'messages' is required", "messages")
     req = _request("chat", doc, fields, defaults)
-    req.messages = _messages(fields["messages"])
+    req.messages = messages(fields["messages"])
     req.template_kwargs = fields.get("chat_template_kwargs", {})
+    _tools(req, fields)
     if "max_completion_tokens" in fields:
         req.max_tokens = fields["max_completion_tokens"]
     if "top_logprobs" in fields and not fields.get("logprobs"):

@@ -59,27 +59,33 @@ class ResponseBuilder:
         return {**one(token, chosen), "top_logprobs": [one(i, v) for i, v in top]}
 
     def whole(self, choices, usage: dict) -> dict:
-        """The non-streaming response; ``choices``: [(text, finish_reason, entries)], in
-        order of their index."""
+        """The non-streaming response; ``choices``: [(text, finish_reason, tool calls,
+        entries)], in order of their index (chat text None: only calls)."""
         out = []
-        for index, (text, finish_reason, entries) in enumerate(choices):
+        for index, (text, finish_reason, calls, entries) in enumerate(choices):
             lp = self.logprobs(entries, index)
             if self.kind == "chat":
-                out.append({"index": index, "message": {"role": "assistant", "content": text},
-                            "logprobs": lp, "finish_reason": finish_reason})
+                message = {"role": "assistant", "content": text}
+                if calls:
+                    message["tool_calls"] = calls
+                out.append({"index": index, "message": message, "logprobs": lp,
+                            "finish_reason": finish_reason})
             else:
                 out.append({"index": index, "text": text, "logprobs": lp,
                             "finish_reason": finish_reason})
         obj = "chat.completion" if self.kind == "chat" else "text_completion"
         return {**self._head(obj), "choices": out, "usage": usage}
 
-    def chunk(self, text: str, entries=(), finish_reason=None, first=False, index=0) -> dict:
+    def chunk(self, text: str, entries=(), finish_reason=None, first=False, index=0,
+              calls=()) -> dict:
         """One stream chunk of choice ``index`` carrying ``text`` (the first chat chunk also
-        names the role)."""
+        names the role), or its tool ``calls`` whole."""
         lp = self.logprobs(entries, index)
         if self.kind == "chat":
             delta = {"role": "assistant", "content": text} if first else (
                 {"content": text} if text or finish_reason is None else {})
+            if calls:
+                delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
             choice = {"index": index, "delta": delta, "logprobs": lp,
                       "finish_reason": finish_reason}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}

@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from mlxgraph.tools.serve.openai_responses import total_usage
 from mlxgraph.tools.serve.request_fields import RequestError
+from mlxgraph.tools.serve.tool_calls import parse
 
 log = logging.getLogger("mlxgraph.serve")
 GONE = 499  # the client went away: nobody reads this status
@@ -32,12 +33,14 @@ class Relay:
     Args:
         scheduler: cancels the jobs; request: the starlette request (its disconnect);
         queue: where the jobs' ``(index, event)`` arrive; builder: the ResponseBuilder;
-        req: the TextRequest; prefixes: each choice's text before its tokens (``echo``).
+        req: the TextRequest; prefixes: each choice's text before its tokens (``echo``);
+        tools: None, or (function names, syntax) to parse each answer for calls (a stream
+            then holds each choice's text until it ends: a call is sent whole).
     """
 
-    def __init__(self, scheduler, request, jobs, queue, builder, req, prefixes):
+    def __init__(self, scheduler, request, jobs, queue, builder, req, prefixes, tools=None):
         self.scheduler, self.request, self.jobs, self.queue = scheduler, request, jobs, queue
-        self.builder, self.req, self.prefixes = builder, req, prefixes
+        self.builder, self.req, self.prefixes, self.tools = builder, req, prefixes, tools
 
     def cancel(self) -> None:
         """Stop every job of the request (each frees its session at the next round)."""
@@ -83,13 +86,22 @@ class Relay:
             item = await self.next()
             if item is None:
                 return Response(status_code=GONE)
-        choices = [("".join(p), f, e) for p, f, e in zip(pieces, finish, entries)]
+        choices = [self._answer("".join(p), f) + (e,) for p, f, e in zip(pieces, finish,
+                                                                          entries)]
         return JSONResponse(self.builder.whole(choices, total_usage(usages, self.req.n)))
+
+    def _answer(self, text, finish) -> tuple:
+        """(content, finish_reason, tool calls) of a choice's whole text."""
+        if self.tools is None or finish != "stop":
+            return text, finish, []
+        content, calls = parse(text, *self.tools)
+        return content, "tool_calls" if calls else finish, calls
 
     async def events(self, item):
         """The server-sent events, from the first ``(index, event)`` on."""
         builder, req, done = self.builder, self.req, False
         usages = [None] * len(self.jobs)
+        held = [[] for _ in self.jobs]  # with tools: each choice's text until it ends
         try:
             for k, prefix in enumerate(self.prefixes):
                 if req.kind == "chat":
@@ -102,11 +114,20 @@ class Relay:
                     # A token that leaves a character incomplete sends nothing (no empty
                     # delta), unless the client asked for its log-probability.
                     lp = [(event[2], event[1], event[3])] if event[3] is not None else ()
-                    if event[1] or lp:
+                    if self.tools is not None:
+                        held[k].append(event[1])
+                    elif event[1] or lp:
                         yield _sse(builder.chunk(event[1], lp, index=k))
                 elif event[0] == "done":
                     usages[k] = event[2]
-                    yield _sse(builder.chunk("", finish_reason=event[1], index=k))
+                    finish = event[1]
+                    if self.tools is not None:
+                        content, finish, calls = self._answer("".join(held[k]), finish)
+                        if content:
+                            yield _sse(builder.chunk(content, index=k))
+                        if calls:
+                            yield _sse(builder.chunk("", index=k, calls=calls))
+                    yield _sse(builder.chunk("", finish_reason=finish, index=k))
                     if all(u is not None for u in usages):
                         done = True
                         if req.include_usage:

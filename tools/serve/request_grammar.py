@@ -23,16 +23,17 @@ class Grammars:
         if req.constraint is None:
             return [None] * count
         tokens = self.tokens
+        field = "tools" if req.tool_choice not in ("none", "auto") else (
+            "grammar" if req.constraint[0] == "gbnf" else "response_format")
         work = asyncio.get_running_loop().run_in_executor(tokens.pool, self._compile,
-                                                          req.constraint, count)
+                                                          req.constraint, count, field)
         try:
             return await asyncio.wait_for(work, tokens.timeout + 2.0)
         except asyncio.TimeoutError:
             raise RequestError(f"compiling the grammar took more than {tokens.timeout:g} s",
                                status=503, kind="server_error") from None
 
-    def _compile(self, constraint, count) -> list:
-        field = "grammar" if constraint[0] == "gbnf" else "response_format"
+    def _compile(self, constraint, count, field) -> list:
         try:
             with self._lock:  # made once: llguidance decodes every token of the vocabulary
                 if self._space is None:
