@@ -40,6 +40,12 @@ def graphs(tmp_path_factory):
                                                                          template=LLAMA)
 
 
+@pytest.fixture(scope="module")
+def hermes(graphs):
+    with running_server(graphs[0]) as server:
+        yield server
+
+
 def test_parse_hermes_and_llama3_calls():
     names = {"get_weather"}
     content, calls = parse('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": '
@@ -114,15 +120,14 @@ def test_a_tool_call_round_trip(graphs, which):
                     "function": {"name": "f", "arguments": "{oops"}}]}]}, "messages",
      "JSON object"),
 ])
-def test_bad_tool_requests_are_400_naming_the_field(graphs, body, param, words):
-    with running_server(graphs[0]) as server:
-        r = httpx.post(f"{server.base}/chat/completions", json={
-            "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, **body})
+def test_bad_tool_requests_are_400_naming_the_field(hermes, body, param, words):
+    r = httpx.post(f"{hermes.base}/chat/completions", json={
+        "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param and words in r.json()["error"]["message"]
 
 
-def test_the_openai_client_sees_a_400(graphs):
-    with running_server(graphs[0]) as server, pytest.raises(openai.BadRequestError):
-        server.client().chat.completions.create(
+def test_the_openai_client_sees_a_400(hermes):
+    with pytest.raises(openai.BadRequestError):
+        hermes.client().chat.completions.create(
             model="hermes", messages=[{"role": "user", "content": "x"}], tool_choice="auto")
