@@ -111,6 +111,9 @@ class OpNode(object):
     TopKNode = 62
     QuantizedLinearNode = 63
     QuantizedEmbeddingNode = 64
+    Expm1Node = 65
+    Log1pNode = 66
+    ErfinvNode = 67
 
 
 class Operand(object):
@@ -4690,6 +4693,156 @@ def QuantizedEmbeddingNodeAddBits(builder, bits):
     builder.PrependInt32Slot(6, bits, None)
 
 def QuantizedEmbeddingNodeEnd(builder):
+    return builder.EndObject()
+
+
+
+class Expm1Node(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = Expm1Node()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsExpm1Node(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def Expm1NodeBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x4D\x4C\x58\x47", size_prefixed=size_prefixed)
+
+    # Expm1Node
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # Expm1Node
+    def X(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # Expm1Node
+    def Out(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+def Expm1NodeStart(builder):
+    builder.StartObject(2)
+
+def Expm1NodeAddX(builder, x):
+    builder.PrependInt32Slot(0, x, None)
+
+def Expm1NodeAddOut(builder, out):
+    builder.PrependInt32Slot(1, out, None)
+
+def Expm1NodeEnd(builder):
+    return builder.EndObject()
+
+
+
+class Log1pNode(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = Log1pNode()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsLog1pNode(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def Log1pNodeBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x4D\x4C\x58\x47", size_prefixed=size_prefixed)
+
+    # Log1pNode
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # Log1pNode
+    def X(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # Log1pNode
+    def Out(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+def Log1pNodeStart(builder):
+    builder.StartObject(2)
+
+def Log1pNodeAddX(builder, x):
+    builder.PrependInt32Slot(0, x, None)
+
+def Log1pNodeAddOut(builder, out):
+    builder.PrependInt32Slot(1, out, None)
+
+def Log1pNodeEnd(builder):
+    return builder.EndObject()
+
+
+
+class ErfinvNode(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = ErfinvNode()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsErfinvNode(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def ErfinvNodeBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x4D\x4C\x58\x47", size_prefixed=size_prefixed)
+
+    # ErfinvNode
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # ErfinvNode
+    def X(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # ErfinvNode
+    def Out(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+def ErfinvNodeStart(builder):
+    builder.StartObject(2)
+
+def ErfinvNodeAddX(builder, x):
+    builder.PrependInt32Slot(0, x, None)
+
+def ErfinvNodeAddOut(builder, out):
+    builder.PrependInt32Slot(1, out, None)
+
+def ErfinvNodeEnd(builder):
     return builder.EndObject()
 
 

@@ -4,7 +4,7 @@ import hashlib
 
 FILE_IDENTIFIER = b"MLXG"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 2
+FORMAT_MINOR = 3
 # Constants start on 64-byte boundaries so they can be mapped and viewed without a copy.
 ALIGNMENT = 64
 # A graph file's FlatBuffer part must fit FlatBuffers' 32-bit offsets; constants may not.

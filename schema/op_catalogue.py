@@ -164,6 +164,10 @@ OPS = (
     _op("QuantizedLinear", Trait.QUANTIZED, Trait.ROW_WISE, float_op="Linear"),
     _op("QuantizedEmbedding", Trait.QUANTIZED, Trait.EMBEDDING, float_op="Embedding",
         guard=IndexGuard("indices", "weight")),
+    # elementwise, one input (format 1.3)
+    _op("Expm1", _UNARY, aten="expm1", mlx="expm1"),
+    _op("Log1p", _UNARY, aten="log1p", mlx="log1p"),
+    _op("Erfinv", _UNARY, aten="erfinv", mlx="erfinv"),
 )
 
 

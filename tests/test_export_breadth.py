@@ -1,6 +1,7 @@
 """Architectures issue 31 made exact: mixture-of-experts routers (top-k with gather and
 scatter, grouped and limited top-k, shared experts, phimoe's sparsemixer), and the
-elementwise ops of apertus, ministral3 and gemma3n.
+elementwise ops of apertus (expm1, log1p), ministral3 (floor) and gemma3n (repeat, copy,
+slice_scatter, erfinv, var).
 
 Tiny random configs (transformers' own classes, seeded weights), exported and run against
 transformers as configured by default with its own DynamicCache: a prefill, the same
@@ -35,13 +36,17 @@ CONFIGS = {
                   head_dim=16, num_dense_layers=1, num_shared_experts=1),
     # sparsemixer: clamp by tensor bounds, scatter of -inf, gather
     "phimoe": dict(_SMALL, num_local_experts=4, num_experts_per_tok=2),
+    # xIELU activation: expm1 and log1p (format 1.3)
+    "apertus": dict(_SMALL),
     # floor in the attention's position scaling
     "ministral3": dict(_SMALL, head_dim=16),
-    # AltUp and Laurel: repeat, copy, slice_scatter
+    # AltUp and Laurel: repeat, copy, slice_scatter; activation sparsity on the first
+    # layer: erfinv (format 1.3) and std
     "gemma3n_text": dict(_SMALL, head_dim=16, num_kv_shared_layers=0, laurel_rank=8,
                          altup_num_inputs=2, hidden_size_per_layer_input=8,
                          vocab_size_per_layer_input=256, sliding_window=8,
-                         layer_types=["sliding_attention", "full_attention"]),
+                         layer_types=["sliding_attention", "full_attention"],
+                         activation_sparsity_pattern=[0.95, 0.0]),
 }
 
 
