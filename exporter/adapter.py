@@ -54,15 +54,17 @@ class TraceRecord:
     keeps this object, whose contents it does not touch.
     """
 
-    def __init__(self, chunks: dict, paths: dict):
+    def __init__(self, chunks: dict, paths: dict, spare_layer_id: int = 0):
         self.layers = {}
+        # A layer attended again in one forward gets the next id from here (its own cache).
+        self.spare_layer_id = spare_layer_id
         self.reference_cache = ReferenceCache()
         self.chunks = chunks
         self.paths = paths
 
 
 # The forward being run: (positions as [T, 1], its adapter's TraceRecord, the layer ids
-# attended so far in this forward, so a reused layer is refused). A context
+# attended so far in this forward, so a reused layer gets a cache of its own). A context
 # variable, so adapters running in other threads never see each other's step.
 _STEP: ContextVar = ContextVar("mlxgraph_adapter_step", default=None)
 
@@ -84,9 +86,11 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         raise AdapterError(f"{type(module).__name__} has no layer_idx to key its cache by")
     layer_id = int(layer_id)
     where = f"{record.paths.get(id(module), f'layer {layer_id}')} ({type(module).__name__})"
-    if layer_id in used:  # a reused layer: two calls would share (interleave) one cache
-        raise AdapterError(f"{where}: a second attention call with layer_idx {layer_id} in one "
-                           "forward (a reused or shared layer); each needs a KV cache of its own")
+    if layer_id in used:
+        # A second call in one forward (DiffLlama's two softmaxes, HRM's reused layers):
+        # each call caches its own keys and values, so it gets a cache (a layer id) of its
+        # own, numbered after every layer_idx of the model in call order.
+        layer_id = max(record.spare_layer_id - 1, *used) + 1
     used.add(layer_id)
     if getattr(module, "is_causal", True) is False or kwargs.get("is_causal") is False:
         raise AdapterError(f"{where}: attention in both directions (is_causal=False): not a "
@@ -151,8 +155,10 @@ class DecoderAdapter(torch.nn.Module):
         use_export_friendly_experts(model)
         self.model = model
         # Chunked layers are known from the config: the attention call does not say.
+        ids = [getattr(m, "layer_idx", None) for m in model.modules()]
         self.record = TraceRecord(chunked_layers(model.config),
-                                  {id(m): p for p, m in model.named_modules()})
+                                  {id(m): p for p, m in model.named_modules()},
+                                  1 + max((int(i) for i in ids if isinstance(i, int)), default=-1))
 
     def forward(self, tokens, positions):
         """Run one step; also records each attention layer's geometry (see layer_infos).

@@ -1,7 +1,8 @@
 """Architectures issue 31 made exact: mixture-of-experts routers (top-k with gather and
 scatter, grouped and limited top-k, shared experts, phimoe's sparsemixer), and the
 elementwise ops of apertus (expm1, log1p), ministral3 (floor) and gemma3n (repeat, copy,
-slice_scatter, erfinv, var).
+slice_scatter, erfinv, var), and models attending twice with one layer in a forward
+(diffllama, hrm_text: a KV cache per call).
 
 Tiny random configs (transformers' own classes, seeded weights), exported and run against
 transformers as configured by default with its own DynamicCache: a prefill, the same
@@ -38,6 +39,12 @@ CONFIGS = {
     "phimoe": dict(_SMALL, num_local_experts=4, num_experts_per_tok=2),
     # xIELU activation: expm1 and log1p (format 1.3)
     "apertus": dict(_SMALL),
+    # two attention calls per layer (a cache each)
+    "diffllama": dict(_SMALL),
+    # layers reused in cycles: 12 attention calls of 4 modules. (Weights drawn narrower:
+    # at the tiny models' 0.25 the chained cycles amplify float32 rounding, and transformers'
+    # own eager and sdpa forwards differ by 1.4e-4.)
+    "hrm_text": dict(_SMALL, head_dim=16, H_cycles=2, L_cycles=2, initializer_range=0.1),
     # floor in the attention's position scaling
     "ministral3": dict(_SMALL, head_dim=16),
     # AltUp and Laurel: repeat, copy, slice_scatter; activation sparsity on the first

@@ -1,8 +1,8 @@
 """One refusal shape for every model the export cannot export exactly (issues 31 and 32).
 
 Whatever the reason (not a causal decoder, a model type transformers does not know, weights
-quantized by MLX, attention outside transformers' AttentionInterface, latent attention, a
-reused layer, data-dependent code, ops without a lowering), the export raises an
+quantized by MLX, attention outside transformers' AttentionInterface, latent attention,
+data-dependent code, ops without a lowering), the export raises an
 UnsupportedModelError whose message is one line, ``<model type>: <where>: <why>``, and the
 command line prints ``mlxgraph: export: MODEL: cannot export: <that line>`` and exits 1,
 with nothing else on stderr but its progress lines. Real transformers models from tiny
@@ -53,9 +53,6 @@ REFUSED_MODELS = {
     "bert": ("bert", dict(_SMALL),
              r"bert\.encoder\.layer\.0\.attention\.self \(BertSelfAttention\): attention in both "
              r"directions \(is_causal=False\): not a causal decoder"),
-    "hrm_text": ("hrm_text", dict(_SMALL, head_dim=16, H_cycles=2, L_cycles=2),
-                 r"model\.\S+ \(HrmTextAttention\): a second attention call with layer_idx 0 in "
-                 r"one forward \(a reused or shared layer\); each needs a KV cache of its own"),
 }
 
 # name -> (config.json, the line after "cannot export: "): refused from config.json alone,
