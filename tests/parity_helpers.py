@@ -4,6 +4,9 @@ import mlx.core as mx
 import numpy as np
 import torch
 
+# step_batch rows against the same sessions stepped alone, relative to the logits' scale
+# (docs/architecture.md#batched-steps): only the batched products' rounding differs.
+BATCH_ROW_BOUND = 1e-5
 
 def rel_err(got, want) -> float:
     """max |got - want| relative to the largest |want| (the logits' scale)."""
@@ -102,3 +105,29 @@ def batched_parity_error(program, prompt, reference) -> tuple:
         tokens.append(int(got[0].argmax()))
         nexts = [int(x.argmax()) for x in got[1:]]
     return err, tokens
+
+
+def batched_vs_solo_error(program, prompt, decode_steps: int) -> float:
+    """How far step_batch rows are from the same sessions stepped alone: three sessions
+    (the prompt, its reverse, one token) prefilled in one batch then decoding their greedy
+    tokens together, against three sessions doing the same steps one by one.
+
+    Returns:
+        the max over rows and steps of max |batched - solo| / max |solo| (per row).
+    """
+    prompt = np.asarray(prompt)
+    rows = [prompt, prompt[:, ::-1][:, : max(1, prompt.shape[1] - 4)], np.array([[5]])]
+    batched = [program.session(capacity=128) for _ in rows]
+    solo = [program.session(capacity=128) for _ in rows]
+    steps = [(ids(r), range(r.shape[1])) for r in rows]
+    worst = 0.0
+    for _ in range(decode_steps + 1):
+        together = program.step_batch([(s, t, p) for s, (t, p) in zip(batched, steps)])
+        alone = [s.step(t, p) for s, (t, p) in zip(solo, steps)]
+        nexts = []
+        for got, want in zip(together, alone):
+            want = np.array(want)[0]
+            worst = max(worst, rel_err(np.array(got)[0], want))
+            nexts.append(int(want[-1].argmax()))
+        steps = [(ids([t]), [s.length]) for s, t in zip(solo, nexts)]
+    return worst

@@ -13,7 +13,13 @@ one token repeated, so a graph that dropped the feature could not pass.
 import numpy as np
 import pytest
 import torch
-from parity_helpers import hf_greedy_reference, mlxgraph_parity_errors, rel_err
+from parity_helpers import (
+    BATCH_ROW_BOUND,
+    batched_vs_solo_error,
+    hf_greedy_reference,
+    mlxgraph_parity_errors,
+    rel_err,
+)
 
 from mlxgraph.exporter import export
 from mlxgraph.exporter.builtins import build_model, make_config
@@ -83,6 +89,10 @@ def test_matches_hf_over_prefill_decode_and_chunked_prefill(case):
     tokens = case["ref"][2]
     assert got["tokens"] == tokens
     assert len(set(tokens)) > 10, tokens  # not one token repeated
+    import mlxgraph
+
+    solo = batched_vs_solo_error(mlxgraph.load(case["path"]), case["prompt"].numpy(), 4)
+    assert solo <= BATCH_ROW_BOUND, solo
 
 
 @pytest.mark.parametrize("chunk", [1, CHUNK, 512])

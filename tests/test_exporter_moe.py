@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 import torch
 from lowering_helpers import check_runs_like_torch, lower_module
-from parity_helpers import batched_parity_error, hf_greedy_reference, ids, rel_err
+from parity_helpers import (
+    BATCH_ROW_BOUND,
+    batched_parity_error,
+    batched_vs_solo_error,
+    hf_greedy_reference,
+    ids,
+    rel_err,
+)
 from torch import nn
 
 import mlxgraph
@@ -65,6 +72,8 @@ def test_moe_prefill_then_greedy_decode_matches_hf(arch, tmp_path):
     reference = (prefill, decode, tokens)
     batched, batched_tokens = batched_parity_error(program, prompt.numpy(), reference)
     assert batched < TOL and batched_tokens == tokens
+    # ... and against the same sessions stepped alone, within the stated bound.
+    assert batched_vs_solo_error(program, prompt.numpy(), 4) <= BATCH_ROW_BOUND
 
 
 def test_export_restores_the_callers_experts_implementation(tmp_path):
