@@ -6,7 +6,7 @@ The model needs a tokenizer that can spell JSON, so this runs on the `small` Lla
 byte-level BPE tokenizer trained on this repository's own text, padded with special tokens
 to the model's vocabulary (``add_bpe_tokenizer``). Each figure is non-streaming requests
 sent by ``clients`` threads for ``seconds``: completion tokens per second over the run, and
-the prompt tokens the server prefilled (its /stats) per request.
+the prompt tokens the server computed (its /stats: admitted less reused) per request.
 """
 
 import json
@@ -75,10 +75,15 @@ def _load(url, clients, seconds, body_of) -> dict:
     after = httpx.get(f"{url}/stats").json()
     tokens = sum(d[0] for d in done)
     return {"requests": len(done), "tokens": tokens, "tok_per_s": tokens / wall,
-            "prefilled_per_request": (after.get("prompt_tokens", 0) - before.get(
-                "prompt_tokens", 0)) / max(1, len(done)), "errors": errors[:3],
+            "prefilled_per_request": (_prefilled(after) - _prefilled(before)) / max(
+                1, len(done)), "errors": errors[:3],
             "answers": [t for d in done for t in d[1]],
             "finishes": [f for d in done for f in d[2]]}
+
+
+def _prefilled(stats) -> int:
+    """Prompt tokens the server computed (admitted, less those kept sessions supplied)."""
+    return stats.get("prompt_tokens", 0) - stats.get("reused_tokens", 0)
 
 
 def run_features(url, clients, seconds, max_tokens, prompt) -> dict:
