@@ -90,6 +90,8 @@ def run_features(url, clients, seconds, max_tokens, prompt) -> dict:
     """The two comparisons; the schema's answers are checked to parse."""
     plain = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 1.0}
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+    for extra in ({}, {"response_format": fmt}):  # warm-up: compiled kernels, the grammar
+        httpx.post(f"{url}/v1/completions", json={**plain, **extra}, timeout=600)
     doc = {
         "unconstrained": _load(url, clients, seconds, lambda r: {
             **plain, "seed": r.randrange(1 << 30)}),
