@@ -25,6 +25,7 @@ from transformers import AttentionInterface
 from mlxgraph.exporter.attention_op import ReferenceCache, update_and_attend, using_reference_cache
 from mlxgraph.exporter.errors import TraceError
 from mlxgraph.exporter.model_support import AdapterError, chunked_layers
+from mlxgraph.exporter.state_adapter import StateRecord, install, recording
 from mlxgraph.exporter.trace_scope import torch_reason
 from mlxgraph.schema.records import LayerCacheInfo
 
@@ -153,12 +154,14 @@ class DecoderAdapter(torch.nn.Module):
                 "AttentionInterface (the implementation cannot be switched), so no layer "
                 "would keep a KV cache")
         use_export_friendly_experts(model)
+        install(model)  # recurrent layers: mlxgraph::causal_conv / ssd_scan (state_adapter.py)
         self.model = model
         # Chunked layers are known from the config: the attention call does not say.
         ids = [getattr(m, "layer_idx", None) for m in model.modules()]
         self.record = TraceRecord(chunked_layers(model.config),
                                   {id(m): p for p, m in model.named_modules()},
                                   1 + max((int(i) for i in ids if isinstance(i, int)), default=-1))
+        self.states = StateRecord(self.record.paths)
 
     def forward(self, tokens, positions):
         """Run one step; also records each attention layer's geometry (see layer_infos).
@@ -168,7 +171,7 @@ class DecoderAdapter(torch.nn.Module):
         """
         token = _STEP.set((positions.reshape(-1, 1), self.record, set()))
         try:
-            with using_reference_cache(self.record.reference_cache):
+            with using_reference_cache(self.record.reference_cache), recording(self.states):
                 out = self.model(input_ids=tokens, position_ids=positions.unsqueeze(0),
                                  use_cache=False)
         except RuntimeError as e:
@@ -185,6 +188,11 @@ class DecoderAdapter(torch.nn.Module):
         """The geometry recorded by the last forward, ordered by layer_id."""
         layers = self.record.layers
         return tuple(layers[k] for k in sorted(layers))
+
+    def state_infos(self) -> tuple:
+        """The recurrent states recorded by the last forward, ordered by layer_id."""
+        states = self.states.states
+        return tuple(states[k] for k in sorted(states))
 
     def reset_reference_cache(self) -> None:
         """Forget the eager reference cache's history (keeps the recorded windows)."""

@@ -28,16 +28,19 @@ class ReferenceCache:
 
     Windows (layer_id -> W, 0 = full attention) and chunks (layer_id -> C, 0 = none)
     decide the mask; K/V are kept whole, which is simple and exact for a reference.
+    ``states`` holds the recurrent state of each state layer_id (exporter/state_op.py).
     """
 
     def __init__(self):
         self.windows = {}
         self.chunks = {}
         self.layers = {}
+        self.states = {}
 
     def reset(self, windows: dict | None = None) -> None:
         """Forget all history; optionally set the sliding window of each layer_id."""
         self.layers = {}
+        self.states = {}
         if windows is not None:
             self.windows = {int(k): int(v) for k, v in windows.items()}
 

@@ -70,6 +70,7 @@ def model_info(model, adapter, source: dict, max_seq_len: int, dtype: str) -> Mo
         tokenizer=source["tokenizer"],
         extra=extra,
         tokenizer_files=source["files"],
+        states=adapter.state_infos(),
     )
 
 

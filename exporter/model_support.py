@@ -1,9 +1,10 @@
 """What the adapter cannot express, found before tracing: one line naming where and what.
 
 The adapter turns attention that goes through transformers' ``AttentionInterface`` into
-``mlxgraph::update_and_attend``. Everything else that carries state across steps (state-
-space mixers, short convolutions, linear or gated-delta attention) or changes attention
-in a way the op does not implement would trace into a graph that runs and is wrong, or
+``mlxgraph::update_and_attend``, and short convolutions (LFM2) into
+``mlxgraph::causal_conv``. Everything else that carries state across steps (state-space
+mixers, linear or gated-delta attention) or changes attention in a way the ops do not
+implement would trace into a graph that runs and is wrong, or
 fail deep inside torch.export with a page of symbolic guards. :func:`check_model` walks
 the model's modules and config first and stops at the first such part with one line,
 for example ``model.layers.0.mixer (MambaMixer): state-space layers are not supported``.
@@ -13,6 +14,7 @@ builds a model for every entry.
 """
 
 import re
+import sys
 from dataclasses import dataclass
 
 from mlxgraph.exporter.errors import UnsupportedModelError
@@ -29,17 +31,54 @@ class ModuleRule:
     class_pattern: str  # re.search on the class name ("" for any class)
     feature: str  # what is missing, as the message says it
     attribute: str = ""  # also require an attribute (parameter, submodule) of this name
+    # A parent class (re.search) under which the module is supported after all.
+    parent_exempt: str = ""
+    # A hook of the module's (or, for parent_exempt rules, its parent's) modeling file that
+    # the adapter routes to an op (exporter/state_adapter.py): then it is supported.
+    exempt_hook: tuple = ()
+    # The classes (re.search) exempt_hook applies to: the families checked against
+    # transformers (another file's copy of a hook may differ).
+    exempt_classes: str = ""
 
-    def matches(self, module) -> bool:
-        """Whether ``module`` is one this rule refuses."""
+    def matches(self, module, parent=None) -> bool:
+        """Whether ``module`` (a child of ``parent``) is one this rule refuses."""
         if not re.search(self.class_pattern, type(module).__name__):
+            return False
+        if self.parent_exempt and parent is not None and (
+                re.search(self.parent_exempt, type(parent).__name__)
+                or (has_hook(parent, self.exempt_hook)
+                    and re.search(self.exempt_classes, type(parent).__name__))):
+            return False
+        if (not self.parent_exempt and has_hook(module, self.exempt_hook)
+                and re.search(self.exempt_classes, type(module).__name__)):
             return False
         return not self.attribute or hasattr(module, self.attribute)
 
 
+def has_hook(module, hooks: tuple) -> bool:
+    """Whether ``module``'s modeling file defines one of ``hooks`` (functions the adapter
+    routes to an op)."""
+    owner = sys.modules.get(type(module).__module__)
+    return any(hasattr(owner, hook) for hook in hooks)
+
+
+# Modules whose Conv1d goes through causal_conv1d_forward and is supported (state_adapter.py).
+STATE_CONV_PARENTS = r"ShortConv$"
+SCAN_HOOK = "mamba2_scan_forward"
+DELTA_HOOK = "torch_chunk_gated_delta_rule"
+MAMBA_HOOK = "mamba_scan_forward"  # Mamba-1's selective scan
+# The layers routed through those hooks that are checked against transformers
+# (tests/test_state_space.py); other files' copies of a hook stay refused until checked.
+SCAN_CLASSES = (r"^(Mamba2Mixer|BambaMixer|FalconH1Mixer|GraniteMoeHybridMambaLayer|"
+                r"NemotronHMamba2Mixer|MambaMixer|FalconMambaMixer|JambaMambaMixer)$")
+DELTA_CLASSES = r"^Qwen3NextGatedDeltaNet$"
+
 # Checked in order on every module, parents before children.
 UNSUPPORTED_MODULES = (
-    ModuleRule(r"Mamba|Mixer$|SSM", "state-space layers are not supported", attribute="A_log"),
+    # Mamba-2's scan (and its hybrids': Bamba, Falcon-H1, Granite 4, Nemotron-H) goes through
+    # mamba2_scan_forward, which the adapter routes to mlxgraph::ssd_scan.
+    ModuleRule(r"Mamba|Mixer$|SSM", "state-space layers are not supported", attribute="A_log",
+               exempt_hook=(SCAN_HOOK, MAMBA_HOOK), exempt_classes=SCAN_CLASSES),
     # MLA's decompressed K/V would fit the op, but its partial RoPE writes slices in place
     # (slice_scatter) and its group-limited router scatters: neither lowers yet. Known by
     # its compressed K/V projection, whatever the class is called (LongcatFlashMLA).
@@ -48,9 +87,14 @@ UNSUPPORTED_MODULES = (
         "multi-head latent attention (MLA) is not supported",
         attribute="kv_a_proj_with_mqa",
     ),
+    # Qwen3-Next's (and Qwen3.5's) gated delta rule goes through torch_chunk_gated_delta_rule,
+    # which the adapter routes to mlxgraph::gated_delta (a per-head decay only: others refused
+    # while tracing).
     ModuleRule(
         r"GatedDeltaNet|LinearAttention|Lightning",
         "linear / gated-delta attention layers are not supported",
+        exempt_hook=(DELTA_HOOK,),
+        exempt_classes=DELTA_CLASSES,
     ),
     # Llama 4 rotates q/k as complex numbers (torch.polar, view_as_complex): no complex
     # dtype in the graph yet. (Its chunked attention itself is supported.)
@@ -58,13 +102,20 @@ UNSUPPORTED_MODULES = (
         r"^Llama4TextRotaryEmbedding$",
         "complex-number RoPE (torch.polar / view_as_complex) is not supported",
     ),
-    ModuleRule(r"ShortConv", "short-convolution layers are not supported"),
-    ModuleRule(r"^Conv1d$", "convolutions over the sequence (a recurrent state) are not supported"),
+    # A short convolution (LFM2) calls transformers' causal_conv1d_forward, which the
+    # adapter routes to mlxgraph::causal_conv (exporter/state_adapter.py): its Conv1d keeps
+    # a recurrent state the graph holds. Any other Conv1d over the sequence is refused.
+    ModuleRule(r"^Conv1d$", "convolutions over the sequence (a recurrent state) are not supported",
+               parent_exempt=STATE_CONV_PARENTS, exempt_hook=(SCAN_HOOK, DELTA_HOOK, MAMBA_HOOK),
+               exempt_classes=f"{SCAN_CLASSES}|{DELTA_CLASSES}"),
 )
 
-# Layer types (config.layer_types) the adapter runs; "sparse"/"dense"/"moe" name MLPs.
+# Layer types (config.layer_types) the adapter runs; "sparse"/"dense"/"moe" name MLPs,
+# "conv" LFM2's short-convolution layers, "mamba" / "linear_attention" state-space layers
+# (recurrent state, exporter/state_adapter.py; their modules are checked by the rules above).
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 MLP_LAYER_TYPES = ("sparse", "dense", "moe")
+STATE_LAYER_TYPES = ("conv", "mamba", "linear_attention", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -79,10 +130,11 @@ def _layer_types(config):
     bad = [
         t
         for t in getattr(config, "layer_types", None) or ()
-        if t not in ATTENTION_LAYER_TYPES + MLP_LAYER_TYPES
+        if t not in ATTENTION_LAYER_TYPES + MLP_LAYER_TYPES + STATE_LAYER_TYPES
     ]
     return (
-        f"layer type {bad[0]!r} is not supported (only {', '.join(ATTENTION_LAYER_TYPES)})"
+        f"layer type {bad[0]!r} is not supported (only "
+        f"{', '.join(ATTENTION_LAYER_TYPES + STATE_LAYER_TYPES)})"
         if bad
         else None
     )
@@ -163,9 +215,11 @@ def check_model(model) -> None:
         AdapterError: one line: ``<module path> (<class>): <feature>`` for a module, or
             ``config.<setting>: <why>`` for a config setting.
     """
-    for path, module in model.named_modules():
+    modules = dict(model.named_modules())
+    for path, module in modules.items():
+        parent = modules.get(path.rpartition(".")[0])
         for rule in UNSUPPORTED_MODULES:
-            if path and rule.matches(module):
+            if path and rule.matches(module, parent):
                 raise AdapterError(f"{path} ({type(module).__name__}): {rule.feature}")
     config = text_config(model.config)
     for rule in UNSUPPORTED_SETTINGS:

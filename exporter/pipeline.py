@@ -25,6 +25,7 @@ from mlxgraph.exporter.model_info import (
 from mlxgraph.exporter.model_loading import DTYPES, load_model
 from mlxgraph.exporter.model_support import check_model
 from mlxgraph.exporter.quantize import QuantizeRecipe, quantize_graph
+from mlxgraph.exporter.state_adapter import unrouted_scan
 from mlxgraph.exporter.tokenizer_source import read_tokenizer, tokenizer_source
 from mlxgraph.exporter.trace_scope import ModuleScope, torch_reason
 from mlxgraph.schema.atomic_write import check_replaceable
@@ -104,7 +105,10 @@ def _graph(m, max_seq_len: int, step):
             m.set_attn_implementation(previous)
         if previous_experts is not None and previous_experts != m.get_experts_implementation():
             m.set_experts_implementation(previous_experts)
-    if not adapter.layer_infos():
+    if (where := unrouted_scan(m, adapter.states)) is not None:
+        raise AdapterError(f"{where}: its scan did not go through mamba2_scan_forward, so it "
+                           "would run without its recurrent state")
+    if not adapter.layer_infos() and not adapter.state_infos():
         raise AdapterError(
             f"{type(m).__name__}: no attention layer called the mlxgraph attention "
             "implementation (the model does not use transformers' AttentionInterface)"

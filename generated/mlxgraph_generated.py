@@ -114,6 +114,10 @@ class OpNode(object):
     Expm1Node = 65
     Log1pNode = 66
     ErfinvNode = 67
+    CausalConvNode = 68
+    SsdScanNode = 69
+    GatedDeltaNode = 70
+    SelectiveScanNode = 71
 
 
 class Operand(object):
@@ -4847,6 +4851,446 @@ def ErfinvNodeEnd(builder):
 
 
 
+class CausalConvNode(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = CausalConvNode()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsCausalConvNode(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def CausalConvNodeBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x4D\x4C\x58\x47", size_prefixed=size_prefixed)
+
+    # CausalConvNode
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # CausalConvNode
+    def X(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # CausalConvNode
+    def Weight(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # CausalConvNode
+    def Bias(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # CausalConvNode
+    def Out(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # CausalConvNode
+    def LayerId(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+def CausalConvNodeStart(builder):
+    builder.StartObject(5)
+
+def CausalConvNodeAddX(builder, x):
+    builder.PrependInt32Slot(0, x, None)
+
+def CausalConvNodeAddWeight(builder, weight):
+    builder.PrependInt32Slot(1, weight, None)
+
+def CausalConvNodeAddBias(builder, bias):
+    builder.PrependInt32Slot(2, bias, None)
+
+def CausalConvNodeAddOut(builder, out):
+    builder.PrependInt32Slot(3, out, None)
+
+def CausalConvNodeAddLayerId(builder, layerId):
+    builder.PrependInt32Slot(4, layerId, None)
+
+def CausalConvNodeEnd(builder):
+    return builder.EndObject()
+
+
+
+class SsdScanNode(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = SsdScanNode()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsSsdScanNode(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def SsdScanNodeBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x4D\x4C\x58\x47", size_prefixed=size_prefixed)
+
+    # SsdScanNode
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # SsdScanNode
+    def X(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # SsdScanNode
+    def Dt(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # SsdScanNode
+    def A(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # SsdScanNode
+    def B(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # SsdScanNode
+    def C(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # SsdScanNode
+    def D(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # SsdScanNode
+    def DtBias(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # SsdScanNode
+    def Out(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # SsdScanNode
+    def LayerId(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+def SsdScanNodeStart(builder):
+    builder.StartObject(9)
+
+def SsdScanNodeAddX(builder, x):
+    builder.PrependInt32Slot(0, x, None)
+
+def SsdScanNodeAddDt(builder, dt):
+    builder.PrependInt32Slot(1, dt, None)
+
+def SsdScanNodeAddA(builder, a):
+    builder.PrependInt32Slot(2, a, None)
+
+def SsdScanNodeAddB(builder, b):
+    builder.PrependInt32Slot(3, b, None)
+
+def SsdScanNodeAddC(builder, c):
+    builder.PrependInt32Slot(4, c, None)
+
+def SsdScanNodeAddD(builder, d):
+    builder.PrependInt32Slot(5, d, None)
+
+def SsdScanNodeAddDtBias(builder, dtBias):
+    builder.PrependInt32Slot(6, dtBias, None)
+
+def SsdScanNodeAddOut(builder, out):
+    builder.PrependInt32Slot(7, out, None)
+
+def SsdScanNodeAddLayerId(builder, layerId):
+    builder.PrependInt32Slot(8, layerId, None)
+
+def SsdScanNodeEnd(builder):
+    return builder.EndObject()
+
+
+
+class GatedDeltaNode(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = GatedDeltaNode()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsGatedDeltaNode(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def GatedDeltaNodeBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x4D\x4C\x58\x47", size_prefixed=size_prefixed)
+
+    # GatedDeltaNode
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # GatedDeltaNode
+    def Q(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # GatedDeltaNode
+    def K(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # GatedDeltaNode
+    def V(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # GatedDeltaNode
+    def G(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # GatedDeltaNode
+    def Beta(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # GatedDeltaNode
+    def Out(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # GatedDeltaNode
+    def LayerId(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # GatedDeltaNode
+    def Scale(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Float32Flags, o + self._tab.Pos)
+        return None
+
+    # GatedDeltaNode
+    def QkL2norm(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
+        return False
+
+def GatedDeltaNodeStart(builder):
+    builder.StartObject(9)
+
+def GatedDeltaNodeAddQ(builder, q):
+    builder.PrependInt32Slot(0, q, None)
+
+def GatedDeltaNodeAddK(builder, k):
+    builder.PrependInt32Slot(1, k, None)
+
+def GatedDeltaNodeAddV(builder, v):
+    builder.PrependInt32Slot(2, v, None)
+
+def GatedDeltaNodeAddG(builder, g):
+    builder.PrependInt32Slot(3, g, None)
+
+def GatedDeltaNodeAddBeta(builder, beta):
+    builder.PrependInt32Slot(4, beta, None)
+
+def GatedDeltaNodeAddOut(builder, out):
+    builder.PrependInt32Slot(5, out, None)
+
+def GatedDeltaNodeAddLayerId(builder, layerId):
+    builder.PrependInt32Slot(6, layerId, None)
+
+def GatedDeltaNodeAddScale(builder, scale):
+    builder.PrependFloat32Slot(7, scale, None)
+
+def GatedDeltaNodeAddQkL2norm(builder, qkL2norm):
+    builder.PrependBoolSlot(8, qkL2norm, 0)
+
+def GatedDeltaNodeEnd(builder):
+    return builder.EndObject()
+
+
+
+class SelectiveScanNode(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = SelectiveScanNode()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsSelectiveScanNode(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def SelectiveScanNodeBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x4D\x4C\x58\x47", size_prefixed=size_prefixed)
+
+    # SelectiveScanNode
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # SelectiveScanNode
+    def X(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # SelectiveScanNode
+    def Dt(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # SelectiveScanNode
+    def A(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # SelectiveScanNode
+    def B(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # SelectiveScanNode
+    def C(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # SelectiveScanNode
+    def D(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # SelectiveScanNode
+    def DtBias(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # SelectiveScanNode
+    def Out(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # SelectiveScanNode
+    def LayerId(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+def SelectiveScanNodeStart(builder):
+    builder.StartObject(9)
+
+def SelectiveScanNodeAddX(builder, x):
+    builder.PrependInt32Slot(0, x, None)
+
+def SelectiveScanNodeAddDt(builder, dt):
+    builder.PrependInt32Slot(1, dt, None)
+
+def SelectiveScanNodeAddA(builder, a):
+    builder.PrependInt32Slot(2, a, None)
+
+def SelectiveScanNodeAddB(builder, b):
+    builder.PrependInt32Slot(3, b, None)
+
+def SelectiveScanNodeAddC(builder, c):
+    builder.PrependInt32Slot(4, c, None)
+
+def SelectiveScanNodeAddD(builder, d):
+    builder.PrependInt32Slot(5, d, None)
+
+def SelectiveScanNodeAddDtBias(builder, dtBias):
+    builder.PrependInt32Slot(6, dtBias, None)
+
+def SelectiveScanNodeAddOut(builder, out):
+    builder.PrependInt32Slot(7, out, None)
+
+def SelectiveScanNodeAddLayerId(builder, layerId):
+    builder.PrependInt32Slot(8, layerId, None)
+
+def SelectiveScanNodeEnd(builder):
+    return builder.EndObject()
+
+
+
 class Provenance(object):
     __slots__ = ['_tab']
 
@@ -5492,6 +5936,89 @@ def KeyValueEnd(builder):
 
 
 
+class StateLayer(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = StateLayer()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsStateLayer(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def StateLayerBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x4D\x4C\x58\x47", size_prefixed=size_prefixed)
+
+    # StateLayer
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # StateLayer
+    def LayerId(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return None
+
+    # StateLayer
+    def Shape(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 8))
+        return 0
+
+    # StateLayer
+    def ShapeAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Int64Flags, o)
+        return 0
+
+    # StateLayer
+    def ShapeLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # StateLayer
+    def ShapeIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        return o == 0
+
+    # StateLayer
+    def Dtype(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int8Flags, o + self._tab.Pos)
+        return None
+
+def StateLayerStart(builder):
+    builder.StartObject(3)
+
+def StateLayerAddLayerId(builder, layerId):
+    builder.PrependInt32Slot(0, layerId, None)
+
+def StateLayerAddShape(builder, shape):
+    builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(shape), 0)
+
+def StateLayerStartShapeVector(builder, numElems):
+    return builder.StartVector(8, numElems, 8)
+
+def StateLayerAddDtype(builder, dtype):
+    builder.PrependInt8Slot(2, dtype, None)
+
+def StateLayerEnd(builder):
+    return builder.EndObject()
+
+
+
 class ModelMetadata(object):
     __slots__ = ['_tab']
 
@@ -5638,8 +6165,32 @@ class ModelMetadata(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
         return o == 0
 
+    # ModelMetadata
+    def States(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = StateLayer()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # ModelMetadata
+    def StatesLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # ModelMetadata
+    def StatesIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        return o == 0
+
 def ModelMetadataStart(builder):
-    builder.StartObject(10)
+    builder.StartObject(11)
 
 def ModelMetadataAddArchitecture(builder, architecture):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(architecture), 0)
@@ -5678,6 +6229,12 @@ def ModelMetadataAddExtra(builder, extra):
     builder.PrependUOffsetTRelativeSlot(9, flatbuffers.number_types.UOffsetTFlags.py_type(extra), 0)
 
 def ModelMetadataStartExtraVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def ModelMetadataAddStates(builder, states):
+    builder.PrependUOffsetTRelativeSlot(10, flatbuffers.number_types.UOffsetTFlags.py_type(states), 0)
+
+def ModelMetadataStartStatesVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
 def ModelMetadataEnd(builder):

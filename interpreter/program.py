@@ -48,6 +48,11 @@ class Program:
         self.initial_tensors = tuple(constants.get(slot) for slot in range(self.tensor_count))
         self.nodes = nodes                  # [ResolvedNode]
         self.layers = layers                # {layer_id: LayerCacheInfo}
+        # {layer_id: StateLayerInfo}: recurrent states (format 1.3), checked by the verifier.
+        self.states = {s.layer_id: s for s in graph.metadata.states}
+        # {layer_id: the kind of state its node keeps} (op_catalogue's ``state`` fact).
+        self.state_kinds = {n.fixed["layer_id"]: entry(n.record.op).state for n in nodes
+                            if entry(n.record.op).has(Trait.STATE)}
         self.inputs = graph.inputs
         self.outputs = graph.outputs
         self.device_plan = device_plan      # "cpu" or "gpu": the kernels' variants chosen
@@ -189,7 +194,7 @@ class Program:
         return step_batch(self, rows, observer)
 
     def session(self, capacity=None, kv_dtype=None, windows=None, preallocate=False, max_step=None,
-                kv_bits=0, kv_group_size=64):
+                kv_bits=0, kv_group_size=64, state_snapshots=8):
         """Start a session: its own KV stores and value slots over this program's weights.
 
         Args: as :class:`~mlxgraph.interpreter.session.session.Session` takes them.
@@ -211,6 +216,7 @@ class Program:
             max_step=max_step,
             kv_bits=kv_bits,
             kv_group_size=kv_group_size,
+            state_snapshots=state_snapshots,
         )
 
     @cached_property

@@ -5,6 +5,7 @@ order in which the writer calls them fixes the file's bytes, so they never reord
 """
 
 from mlxgraph.generated import mlxgraph_generated as fb
+from mlxgraph.schema.dtypes import dtype_info
 from mlxgraph.schema.records import NodeRecord
 from mlxgraph.schema.spec import FieldKind, load_schema, op_spec, upper_camel
 from mlxgraph.schema.tokenizer_files import join_extra
@@ -141,6 +142,7 @@ def metadata(b, m) -> int:
         fb.KeyValueAddValue(b, vo)
         extra.append(fb.KeyValueEnd(b))
     extra_vec = vector(b, "ModelMetadata", "extra", extra)
+    states_vec = _states(b, m.states) if m.states else None
     fb.ModelMetadataStart(b)
     fb.ModelMetadataAddArchitecture(b, arch)
     fb.ModelMetadataAddNumLayers(b, m.num_layers)
@@ -152,7 +154,25 @@ def metadata(b, m) -> int:
     fb.ModelMetadataAddLayers(b, layers_vec)
     fb.ModelMetadataAddTokenizer(b, tok)
     fb.ModelMetadataAddExtra(b, extra_vec)
+    if states_vec is not None:  # absent in a graph without recurrent state (as before 1.3)
+        fb.ModelMetadataAddStates(b, states_vec)
     return fb.ModelMetadataEnd(b)
+
+
+def _states(b, states) -> int:
+    """The StateLayer tables (format 1.3) of StateLayerInfo records."""
+    out = []
+    for st in states:
+        fb.StateLayerStartShapeVector(b, len(st.shape))
+        for d in reversed(st.shape):
+            b.PrependInt64(int(d))
+        shape = b.EndVector()
+        fb.StateLayerStart(b)
+        fb.StateLayerAddLayerId(b, st.layer_id)
+        fb.StateLayerAddShape(b, shape)
+        fb.StateLayerAddDtype(b, dtype_info(st.dtype).code)
+        out.append(fb.StateLayerEnd(b))
+    return vector(b, "ModelMetadata", "states", out)
 
 
 def _scalar_vector(b, spec_name: str, f, items) -> int:

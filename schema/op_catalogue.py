@@ -39,6 +39,7 @@ class Trait(Enum):
     EMBEDDING = "rows of a weight table picked by ids (the tokens' vocabulary table)"
     ATTENTION = "writes and reads one layer's KV cache, named by its layer_id"
     DTYPE_ONLY = "changes the dtype only (alignment and diff look through it)"
+    STATE = "writes and reads one layer's recurrent state, named by its layer_id (format 1.3)"
 
 
 class Bound(Enum):
@@ -85,6 +86,7 @@ class Op:
     guard: IndexGuard | None = None
     checks: tuple = ()
     bound: Bound | None = None
+    state: str | None = None  # Trait.STATE: the kind of state it keeps (a store's kind)
 
     @property
     def table(self) -> str:
@@ -168,6 +170,12 @@ OPS = (
     _op("Expm1", _UNARY, aten="expm1", mlx="expm1"),
     _op("Log1p", _UNARY, aten="log1p", mlx="log1p"),
     _op("Erfinv", _UNARY, aten="erfinv", mlx="erfinv"),
+    # recurrent state (format 1.3)
+    _op("CausalConv", Trait.STATE, state="conv_state"),
+    _op("SsdScan", Trait.STATE, state="ssm_state"),
+    _op("GatedDelta", Trait.STATE, state="delta_state",
+        checks=(Check("scale", "positive", "finite and > 0"),)),
+    _op("SelectiveScan", Trait.STATE, state="scan_state"),
 )
 
 

@@ -23,6 +23,7 @@ from mlxgraph.schema.records import (
     NodeRecord,
     Operand,
     Provenance,
+    StateLayerInfo,
     SymbolInfo,
     TensorInfo,
 )
@@ -174,9 +175,13 @@ class GraphFile:
         raw = {_str(m.Extra(i).Key()): _str(m.Extra(i).Value()) for i in range(m.ExtraLength())}
         extra, files = split_extra(raw)
         eos = tuple(int(x) for x in m.EosTokenIdsAsNumpy()) if not m.EosTokenIdsIsNone() else ()
+        states = tuple(
+            StateLayerInfo(s.LayerId(), tuple(int(d) for d in s.ShapeAsNumpy()),
+                           dtype_info(s.Dtype()).name)
+            for s in (m.States(i) for i in range(m.StatesLength())))
         return ModelInfo(
             _str(m.Architecture()), m.NumLayers(), m.VocabSize(), m.HiddenSize(), m.MaxContext(),
-            eos, m.BosTokenId(), tuple(layers), _str(m.Tokenizer()), extra, files,
+            eos, m.BosTokenId(), tuple(layers), _str(m.Tokenizer()), extra, files, states,
         )
 
     @cached_property

@@ -141,6 +141,17 @@ class LayerCacheInfo:
     attention_chunk: int = 0
 
 
+@dataclass(frozen=True)
+class StateLayerInfo:
+    """The off-graph recurrent state of one layer (format 1.3): its whole shape, batch
+    first, and storage dtype name; a new session's state is zeros
+    (docs/architecture.md#recurrent-state)."""
+
+    layer_id: int
+    shape: tuple
+    dtype: str
+
+
 @dataclass
 class ModelInfo:
     """Model metadata carried by a graph file."""
@@ -157,3 +168,4 @@ class ModelInfo:
     extra: dict = field(default_factory=dict)
     # file name -> text; stored in extra as tokenizer_file:<name> (schema/tokenizer_files.py)
     tokenizer_files: dict = field(default_factory=dict)
+    states: tuple = ()          # StateLayerInfo (format 1.3)

@@ -24,6 +24,7 @@ from mlxgraph.schema.verify_layers import check_layers
 from mlxgraph.schema.verify_plans import table_plans
 from mlxgraph.schema.verify_quantized import check_quantized
 from mlxgraph.schema.verify_semantics import check_graph
+from mlxgraph.schema.verify_states import check_states
 from mlxgraph.schema.verify_structure import Bad, Walker
 
 
@@ -202,6 +203,7 @@ def _verify(data, size: int, deep: bool, constants, element_limit) -> VerifyRepo
     bounds = check_bounds(graph, fixed, element_limit)
     check_quantized(graph)
     check_layers(graph)
+    check_states(graph, bounds.element_limit)
     return VerifyReport(
         f"{version[0]}.{version[1]}",
         graph.producer.decode("utf-8", "replace") if graph.producer else "",

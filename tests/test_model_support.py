@@ -31,38 +31,15 @@ _LLAMA4 = dict(
 )
 # model type -> (config overrides, the expected line).
 REFUSED = {
-    "mamba": (
-        dict(num_hidden_layers=2, hidden_size=64, vocab_size=256, state_size=8),
-        "backbone.layers.0.mixer (MambaMixer): state-space layers are not supported",
+    "zamba": (
+        dict(num_hidden_layers=3, hidden_size=64, vocab_size=256, intermediate_size=128,
+             num_attention_heads=4, num_key_value_heads=4),
+        "model.layers.0.mamba (ZambaMambaMixer): state-space layers are not supported",
     ),
-    "jamba": (
-        dict(
-            _SMALL,
-            attn_layer_period=2,
-            attn_layer_offset=1,
-            expert_layer_period=2,
-            expert_layer_offset=1,
-            num_experts=2,
-        ),
-        "model.layers.0.mamba (JambaMambaMixer): state-space layers are not supported",
-    ),
-    "bamba": (
-        dict(_SMALL, attn_layer_indices=[1]),
-        "model.layers.0.mamba (BambaMixer): state-space layers are not supported",
-    ),
-    "falcon_h1": (
-        dict(_SMALL),
-        "model.layers.0.mamba (FalconH1Mixer): state-space layers are not supported",
-    ),
-    "qwen3_next": (
-        dict(_SMALL, num_experts=2, moe_intermediate_size=32, head_dim=16),
-        "model.layers.0.linear_attn (Qwen3NextGatedDeltaNet): linear / gated-delta attention "
-        "layers "
-        "are not supported",
-    ),
-    "lfm2": (
-        dict(_SMALL, layer_types=["conv", "full_attention"]),
-        "model.layers.0.conv (Lfm2ShortConv): short-convolution layers are not supported",
+    "olmo_hybrid": (
+        dict(_SMALL, layer_types=["linear_attention", "full_attention"]),
+        "model.layers.0 (OlmoHybridLinearAttentionDecoderLayer): linear / gated-delta attention "
+        "layers are not supported",
     ),
     "deepseek_v3": (
         dict(
@@ -135,7 +112,7 @@ SETTINGS = {
         "llama",
         {"num_hidden_layers": 2, "layer_types": ["full_attention", "window_attention"]},
         "layer type 'window_attention' is not supported (only full_attention, sliding_attention, "
-        "chunked_attention)",
+        "chunked_attention, conv, mamba, linear_attention, hybrid)",
     ),
     "attention_chunk_size": (
         "llama4_text",
@@ -277,14 +254,14 @@ def test_trace_failure_names_the_module_being_traced(tmp_path):
 
 
 def test_cli_refusal_is_one_line_and_exit_1(tmp_path, capsys):
-    overrides, line = REFUSED["falcon_h1"]
-    folder = tmp_path / "falcon_h1"
-    build_model(make_config("falcon_h1", **overrides)).save_pretrained(folder)
+    overrides, line = REFUSED["zamba"]
+    folder = tmp_path / "zamba"
+    build_model(make_config("zamba", **overrides)).save_pretrained(folder)
     capsys.readouterr()
     code, out, err = run_cli(capsys, "export", folder, "-o", tmp_path / "m.mlxg")
     assert code == 1 and out == ""
     lines = [
         ln for ln in err.splitlines() if not ln.startswith("[")
     ]  # progress lines start with [time]
-    assert lines == [f"mlxgraph: export: {folder}: cannot export: falcon_h1: {line}"]
+    assert lines == [f"mlxgraph: export: {folder}: cannot export: zamba: {line}"]
     assert "Traceback" not in err

@@ -56,6 +56,8 @@ CASES = {
                          "cannot be pipelined there"): "load(pipeline=N) only: the split",
     ("pipeline/plan.py", "tensor % () crosses the pipeline cut before node  without a declared "
                          "dtype and shape"): "load(pipeline=N) only: the split",
+    ("pipeline/plan.py", "a graph with recurrent state layers (metadata.states) cannot be split "
+                         "into a pipeline yet"): "load(pipeline=N) only: not planned yet",
 }
 
 

@@ -101,6 +101,10 @@ def _print_view(path, view: dict) -> None:
         f"{'storage':<12} {'bytes':>10}"
     )
     for la in view["layers"]:
+        if "shape" in la:  # a recurrent state: no positions, one tensor
+            print(f"{la['layer']:>5}  {la['kind']:<12} {'-':>13} {'-':>7} {'-':>6} {'-':>6}  "
+                  f"{la['dtype']:<12} {human_bytes(la['bytes']):>10}  state {la['shape']}")
+            continue
         kind = la["kind"] + (" wrapped" if la["wrapped"] else "")
         span = f"{la['first_position']}..{la['length'] - 1}" if la["tokens"] else "-"
         print(
@@ -117,6 +121,11 @@ def _print_diff(a, b, r: dict) -> None:
     for la in r["layers"]:
         if "missing_in" in la:
             print(f"layer {la['layer']}: only in {'B' if la['missing_in'] == 'a' else 'A'}")
+            continue
+        if "state_max_abs" in la:
+            print(f"layer {la['layer']}: recurrent state max abs "
+                  f"{fmt_num(la['state_max_abs'])}, rel {fmt_num(la['state_max_rel'])}"
+                  f"{' (diverges)' if la['state_diverges'] else ''}")
             continue
         if "shape_mismatch" in la:
             print(

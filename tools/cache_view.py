@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from mlxgraph.interpreter.cache.header import STATE_KINDS
+
 
 def file_view(cache) -> dict:
     """The file as Session.describe() shows a live session (JSON-ready)."""
     layers = []
     for lid, info in sorted(cache.layers.items()):
+        if info.get("kind") in STATE_KINDS:  # a recurrent state: Session.describe()'s fields
+            layers.append({"layer": lid, "kind": info["kind"], "length": info["length"],
+                           "shape": info["shape"], "dtype": info["dtype"],
+                           "bytes": cache.layer_bytes(lid)})
+            continue
         bits = cache.policy.get("kv_bits") or 0
         length, oldest = info.get("length", 0), info.get("oldest", 0)
         layers.append(
@@ -119,6 +126,9 @@ def diff_caches(a, b, tolerance: float, block: int) -> dict:
         if lid not in a.layers or lid not in b.layers:
             layers.append({"layer": lid, "missing_in": "a" if lid not in a.layers else "b"})
             continue
+        if {a.layers[lid]["kind"], b.layers[lid]["kind"]} & set(STATE_KINDS):
+            layers.append(_state_diff(a, b, lid, tolerance))
+            continue
         fa, ka, va = layer_history(a, lid)
         fb, kb, vb = layer_history(b, lid)
         lo, hi = max(fa, fb), min(fa + ka.shape[2], fb + kb.shape[2])
@@ -166,6 +176,7 @@ def diff_caches(a, b, tolerance: float, block: int) -> dict:
         first_any is None
         and a.length == b.length
         and all("missing_in" not in la and "shape_mismatch" not in la for la in layers)
+        and not any(la.get("state_diverges") for la in layers)
     )
     return {
         "same": same,
@@ -175,3 +186,26 @@ def diff_caches(a, b, tolerance: float, block: int) -> dict:
         "first_divergence": first_any,
         "layers": layers,
     }
+
+
+def _state_diff(a, b, lid: int, tolerance: float) -> dict:
+    """Two files' recurrent state of layer ``lid``: max abs and rel (to max |a|) difference.
+    A state sums up the whole history, so it names no position: ``state_diverges`` says
+    whether the rel difference exceeds ``tolerance``."""
+    kinds = [a.layers[lid]["kind"], b.layers[lid]["kind"]]
+    if kinds[0] != kinds[1] or a.layers[lid]["shape"] != b.layers[lid]["shape"]:
+        return {"layer": lid, "shape_mismatch": [a.layers[lid].get("shape", kinds[0]),
+                                                 b.layers[lid].get("shape", kinds[1])]}
+    xa, xb = (_state_float(c, lid) for c in (a, b))
+    absd, _ = _position_diff(xa[:, :, None, :].reshape(1, 1, 1, -1),
+                             xb[:, :, None, :].reshape(1, 1, 1, -1))
+    rel = float(absd[0] / max(float(np.nanmax(np.abs(xa))) if xa.size else 0.0, 1e-30))
+    return {"layer": lid, "kind": kinds[0], "state_max_abs": float(absd[0]),
+            "state_max_rel": rel, "state_diverges": rel > tolerance, "first_divergence": None}
+
+
+def _state_float(cache, lid: int) -> np.ndarray:
+    arr = cache.arrays(lid, 0)["state"]
+    if cache.layers[lid]["dtype"] == "bfloat16":
+        arr = (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr.astype(np.float32)

@@ -17,7 +17,7 @@ from mlxgraph.exporter.lowering_types import LoweringError
 from mlxgraph.schema.registry import LazyRegistry
 
 OP_MODULES = ("elementwise", "reductions", "linalg", "layout", "creation", "symbolic", "attention",
-              "fused", "normalization", "selection", "composite")
+              "fused", "normalization", "selection", "composite", "state")
 LOWERINGS = LazyRegistry(__name__, OP_MODULES)
 
 

@@ -175,3 +175,48 @@ def _update_and_attend(n):
     if n.ax("sinks") is not None:
         raise n.mix("its sinks carry tokens")
     return [(2, 1)]
+
+
+@rule("CausalConv")
+def _causal_conv(n):
+    # Like UpdateAndAttend, the kernel splits the rows itself: each row convolves its own
+    # tokens after its own session's state (kernels/state.py).
+    if n.tok("x") != (2, 1) or n.rank("x") != 3:
+        raise n.mix("its x does not carry one token per entry on axis 2 of [B, C, T]")
+    for name in ("weight", "bias"):
+        if n.ax(name) is not None:
+            raise n.mix(f"its {name} carries tokens")
+    return [(2, 1)]
+
+
+@rule("SsdScan")
+def _ssd_scan(n):
+    # The kernel splits the rows itself: each row scans from its own session's state.
+    for name in ("x", "dt", "b", "c"):
+        if n.tok(name) != (1, 1):
+            raise n.mix(f"its {name} does not carry one token per entry on axis 1")
+    for name in ("a", "d", "dt_bias"):
+        if n.ax(name) is not None:
+            raise n.mix(f"its {name} carries tokens")
+    return [(1, 1)]
+
+
+@rule("GatedDelta")
+def _gated_delta(n):
+    # The kernel splits the rows itself: each row runs from its own session's state.
+    for name in ("q", "k", "v", "g", "beta"):
+        if n.tok(name) != (1, 1):
+            raise n.mix(f"its {name} does not carry one token per entry on axis 1")
+    return [(1, 1)]
+
+
+@rule("SelectiveScan")
+def _selective_scan(n):
+    # The kernel splits the rows itself: each row scans from its own session's state.
+    for name in ("x", "dt", "b", "c"):
+        if n.tok(name) != (1, 1):
+            raise n.mix(f"its {name} does not carry one token per entry on axis 1")
+    for name in ("a", "d", "dt_bias"):
+        if n.ax(name) is not None:
+            raise n.mix(f"its {name} carries tokens")
+    return [(1, 1)]

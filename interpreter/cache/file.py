@@ -25,7 +25,13 @@ import os
 
 import numpy as np
 
-from mlxgraph.interpreter.cache.header import PARTS, HeaderError, check_tensors, parse_session
+from mlxgraph.interpreter.cache.header import (
+    PARTS,
+    STATE_KINDS,
+    HeaderError,
+    check_tensors,
+    parse_session,
+)
 from mlxgraph.interpreter.cache.kv_cache import CacheError
 from mlxgraph.interpreter.cache.kv_codec import unpack
 from mlxgraph.interpreter.cache.safetensors_io import SafetensorsError, SafetensorsFile, write
@@ -54,6 +60,11 @@ def save_session(session, path, tokens=None) -> int:
     for lid, store in session.stores.items():
         info, arrays = store.snapshot()
         layers[str(lid)] = info
+        if info["kind"] in STATE_KINDS:  # a recurrent state: one float tensor
+            tensors[f"layer.{lid}.state"] = arrays["state"]
+            if info["dtype"] == "bfloat16":
+                st_dtypes[f"layer.{lid}.state"] = "BF16"
+            continue
         bits, group = store.policy.kv_bits, store.policy.kv_group_size
         dims = (store.geometry.head_dim, store.geometry.v_head_dim)
         for which, (name, arr) in enumerate(arrays.items()):
@@ -162,7 +173,7 @@ class CacheFile:
         """The ``[B, H, slots, width]`` of layer ``lid``'s ``keys``/``values`` as a store
         holds them (quantized parts packed into one row); () when it holds no slots."""
         key = f"layer.{lid}.{name}"
-        if not self.policy["kv_bits"]:
+        if not self.policy["kv_bits"] or self.layers[lid]["kind"] in STATE_KINDS:
             return self._st.entries[key][1] if key in self._st.entries else ()
         if f"{key}.codes" not in self._st.entries:
             return ()
@@ -176,16 +187,18 @@ class CacheFile:
 
     def arrays(self, lid: int, bits: int) -> dict:
         """{'keys', 'values'} of layer ``lid`` as numpy arrays (quantized parts re-packed),
-        read from the file now: callers check ``shape`` first.
+        or {'state'} of a recurrent state's layer, read from the file now: callers check
+        ``shape`` first.
 
         Raises:
             CacheFileError: the file cannot be read, changed, or does not fit in memory.
         """
         out = {}
+        state = self.layers[lid]["kind"] in STATE_KINDS
         try:
-            for name in ("keys", "values"):
+            for name in ("state",) if state else ("keys", "values"):
                 key = f"layer.{lid}.{name}"
-                if not bits:
+                if not bits or state:
                     out[name] = self._st.array(key)
                     continue
                 codes, scales, biases = (self._st.array(f"{key}.{p}") for p in PARTS)
@@ -231,7 +244,8 @@ def load_into(session, cache: CacheFile) -> None:
     for lid, store in session.stores.items():  # sizes from the header, before any read
         info = cache.layers[lid]
         try:
-            store.check_snapshot_shapes(info, {n: cache.shape(lid, n) for n in ("keys", "values")})
+            names = getattr(store, "snapshot_names", ("keys", "values"))
+            store.check_snapshot_shapes(info, {n: cache.shape(lid, n) for n in names})
         except CacheError as e:
             raise cache._error(str(e)) from None
     need = 2 * sum(cache.layer_bytes(lid) for lid in session.stores)  # numpy, then MLX
@@ -242,7 +256,8 @@ def load_into(session, cache: CacheFile) -> None:
     states = {}
     for lid, store in session.stores.items():
         info = cache.layers[lid]
-        arrays = cache.arrays(lid, store.policy.kv_bits) if info["slots"] else {}
+        held = info["kind"] in STATE_KINDS or info["slots"]
+        arrays = cache.arrays(lid, session.policy["kv_bits"]) if held else {}
         try:
             states[lid] = store.checked_snapshot(info, arrays)
         except CacheError as e:

@@ -19,6 +19,9 @@ _POLICY = {"capacity", "kv_dtype", "kv_bits", "kv_group_size", "windows", "preal
            "max_step"}
 _DOC = {"length", "policy", "tokens", "layers", "approximations"}
 _LAYER = {"kind", "length", "oldest", "batch", "dtype", "slots", "window", "modulus"}
+# A recurrent state's layer (graph format 1.3; a kind older readers refuse by name).
+_STATE_LAYER = {"kind", "length", "shape", "dtype"}
+STATE_KINDS = ("conv_state", "ssm_state", "delta_state", "scan_state")
 # The safetensors dtype of each storage dtype a store writes.
 _STORED = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 PARTS = ("codes", "scales", "biases")
@@ -104,7 +107,24 @@ def parse_session(text: str) -> dict:
             "approximations": approximations}
 
 
+def _state_layer(lid, info, length: int) -> dict:
+    what = f"layer {lid}"
+    _exact_keys(info, _STATE_LAYER, what)
+    if _int(info["length"], f"{what} length") != length:
+        raise HeaderError(f"{what}: length {info['length']}, the session holds {length}")
+    shape = info["shape"]
+    if not isinstance(shape, list) or len(shape) not in (3, 4) or shape[0] != 1:
+        raise HeaderError(f"{what} shape {_short(shape)} is not [1, ...] of rank 3 or 4")
+    for d in shape:
+        _int(d, f"{what} shape", 1)
+    if info["dtype"] not in _STORED:
+        raise HeaderError(f"{what} dtype {_short(info['dtype'])} is not a storage dtype")
+    return dict(info)
+
+
 def _layer(lid, info, length: int) -> dict:
+    if isinstance(info, dict) and info.get("kind") in STATE_KINDS:
+        return _state_layer(lid, info, length)
     _exact_keys(info, _LAYER, f"layer {lid}")
     what = f"layer {lid}"
     n, oldest, slots, modulus = (_int(info[k], f"{what} {k}") for k in
@@ -112,7 +132,8 @@ def _layer(lid, info, length: int) -> dict:
     _int(info["window"], f"{what} window")
     kind = info["kind"]
     if kind not in ("flat", "ring"):
-        raise HeaderError(f"{what} kind {_short(kind)} is not flat or ring")
+        raise HeaderError(f"{what} kind {_short(kind)} is not flat, ring or "
+                          f"{', '.join(STATE_KINDS)}")
     if n != length or oldest > n or n - oldest > slots or slots > modulus:
         raise HeaderError(f"{what}: positions {oldest}..{n} do not fit {slots} of {modulus} "
                           f"slots (the session holds {length})")
@@ -138,6 +159,9 @@ def check_tensors(layers: dict, bits: int, group: int, entries: dict) -> set:
     """
     names = set()
     for lid, info in layers.items():
+        if info["kind"] in STATE_KINDS:
+            names.add(_state_tensor(lid, info, entries))
+            continue
         if not info["slots"]:
             continue
         heads = None
@@ -168,3 +192,14 @@ def check_tensors(layers: dict, bits: int, group: int, entries: dict) -> set:
                                   f"{widths[1]} groups do not make rows of {bits}-bit groups "
                                   f"of {group}")
     return names
+
+
+def _state_tensor(lid, info: dict, entries: dict) -> str:
+    """The name of a state layer's one tensor, once it has the header's dtype and shape."""
+    name = f"layer.{lid}.state"
+    got = entries.get(name)
+    want = _STORED[info["dtype"]]
+    if got is None or got[0] != want or list(got[1]) != info["shape"]:
+        raise HeaderError(f"tensor {name}: {None if got is None else [got[0], list(got[1])]}, "
+                          f"expected {want} {info['shape']}")
+    return name

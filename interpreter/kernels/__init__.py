@@ -33,7 +33,7 @@ class Kernel:
 
 
 OP_MODULES = ("elementwise", "reductions", "linalg", "layout", "creation", "symbolic", "fused",
-              "attention", "selection", "quantized", "gpu")
+              "attention", "selection", "quantized", "gpu", "state")
 KERNELS = LazyRegistry(__name__, OP_MODULES)
 DEVICE_PLANS = ("cpu", "gpu")
 

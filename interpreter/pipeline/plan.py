@@ -93,6 +93,9 @@ def plan_stages(graph, nodes, size: int) -> tuple:
         if rep:
             free_t |= out_t
             free_v |= out_v
+    if graph.metadata.states:  # not planned yet: which stage keeps which state
+        raise GraphFormatError("a graph with recurrent state layers (metadata.states) cannot "
+                               "be split into a pipeline yet", path, None, "metadata.states")
     attention = [n.index for n in nodes if entry(n.record.op).has(Trait.ATTENTION)]
     if len(attention) < size:
         raise GraphFormatError(f"a pipeline of {size} stages needs at least {size} attention "

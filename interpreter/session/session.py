@@ -10,6 +10,7 @@ from functools import partial
 from numbers import Integral
 
 from mlxgraph.interpreter.cache.kv_cache import CacheError, CachePolicy, make_store
+from mlxgraph.interpreter.cache.recurrent_state import RecurrentState
 from mlxgraph.interpreter.errors import SessionError
 from mlxgraph.interpreter.index_guard import PendingChecks, failed_check_error, poison
 from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
@@ -50,6 +51,9 @@ class Session(SessionState):
         max_step: the largest step expected (sizes ring buffers; larger steps still work).
         kv_bits: 0 (floats), 4 or 8: store k/v group-wise affine quantized (mx.quantize).
         kv_group_size: elements per quantization group (32, 64 or 128).
+        state_snapshots: a recurrent-state layer keeps its state from before each of the
+            last ``state_snapshots`` steps (0: none), the positions ``trim`` may rewind it to
+            besides 0 (docs/session-state.md#recurrent-state).
     A session may be used from any thread, one call at a time: a step, trim or reset
     while another thread is inside one raises SessionError (nothing changes). A step
     queues the evaluation of the cache it leaves (session_lock.py), so its outputs may be
@@ -65,7 +69,7 @@ class Session(SessionState):
     """
 
     def __init__(self, program, capacity=None, kv_dtype=None, windows=None, preallocate=False,
-                 max_step=None, kv_bits=0, kv_group_size=64):
+                 max_step=None, kv_bits=0, kv_group_size=64, state_snapshots=8):
         self.program = program
         self._pending = PendingChecks()
         # Not self._fail: a bound method in the lock would be a reference cycle, and a
@@ -73,7 +77,7 @@ class Session(SessionState):
         self._lock = SessionLock(partial(_session_error, program.path))
         self._options = {"capacity": capacity, "kv_dtype": kv_dtype, "windows": windows,
                          "preallocate": preallocate, "max_step": max_step, "kv_bits": kv_bits,
-                         "kv_group_size": kv_group_size}
+                         "kv_group_size": kv_group_size, "state_snapshots": state_snapshots}
         try:
             self.kv_dtype = to_mx_dtype(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
         except KeyError:
@@ -89,6 +93,10 @@ class Session(SessionState):
         self.capacity = count_option("capacity", capacity, self._fail)
         default_step = min(self.capacity, 512) if max_step is None else max_step
         self.max_step = count_option("max_step", default_step, self._fail)
+        if isinstance(state_snapshots, bool) or not isinstance(state_snapshots, Integral) or (
+                not 0 <= state_snapshots <= 4096):
+            raise self._fail(f"state_snapshots must be an int in [0, 4096], got "
+                             f"{state_snapshots!r}")
         self._preallocate = bool(preallocate)
         self.stores = {}
         self._reset()
@@ -130,6 +138,9 @@ class Session(SessionState):
             policy = CachePolicy(self.capacity, self.kv_dtype, self._preallocate,
                                  self._windows[lid], self.max_step, bits, group)
             self.stores[lid] = make_store(lc, policy)
+        for lid, info in self.program.states.items():  # recurrent state (format 1.3)
+            self.stores[lid] = RecurrentState(info, self.program.state_kinds[lid],
+                                              int(self._options["state_snapshots"]))
         self._ctx = StepContext(self.stores)
         self._length = 0
 
@@ -160,6 +171,11 @@ class Session(SessionState):
         if n < 0 or n > self._length:
             raise self._fail(f"trim({n}): must be between 0 and the length {self._length}")
         for lid, store in self.stores.items():  # all of them can, before any changes
+            refusal = getattr(store, "trim_refusal", None)  # a recurrent state's snapshots
+            if refusal is not None:
+                if n and (why := refusal(n)):
+                    raise CacheError(f"layer {lid}: {why}")
+                continue
             limit = getattr(store, "max_trim", None)
             if n and limit is not None and n > limit:
                 raise CacheError(f"layer {lid}: cannot rewind {n} tokens, at most {limit}")

@@ -77,6 +77,9 @@ class SessionState(ForksOnCopy):
             "policy": self.policy,
             "approximations": {str(k): v for k, v in self.approximations.items()},
             "bytes": sum(la["bytes"] for la in layers),
+            # Recurrent states (format 1.3): the states and their kept snapshots.
+            "state_bytes": sum(la["bytes"] + la["snapshot_bytes"] for la in layers
+                               if "snapshot_bytes" in la),
             "layers": layers,
         }
 
