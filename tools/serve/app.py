@@ -136,16 +136,18 @@ class Handlers:
                 jobs.append(job)
         return jobs
 
-    def _prefixes(self, req, prompts) -> list:
-        """Each choice's text before its tokens: the prompt's when ``echo``, else ''."""
+    async def _prefixes(self, req, prompts) -> list:
+        """Each choice's text before its tokens: the prompt's when ``echo``, else '' (token
+        ids decoded on the tokenizing threads, as the prompts were encoded)."""
         if not req.echo:
             return [""] * (req.n * len(prompts))
         tok = self.info.tokenizer
         if tok is None and any(isinstance(p, list) for p in req.prompts):
             raise RequestError("'echo' of token ids needs a tokenizer; this model has none",
                                "echo")
-        texts = [p if isinstance(p, str) else tok.decode(ids)
-                 for p, ids in zip(req.prompts, prompts)]
+        texts = []
+        for p, ids in zip(req.prompts, prompts):
+            texts.append(p if isinstance(p, str) else await self.tokens.decode(ids, "echo"))
         return [t for t in texts for _ in range(req.n)]
 
     async def _serve(self, request, kind):
@@ -158,7 +160,8 @@ class Handlers:
             if req.tool_choice not in ("none", "auto"):  # a call is forced: constrained
                 req.constraint = tool_grammar(req.tools, req.tool_choice, self.tool_style)
             constraints = await self.grammars.constraints(req, req.n * len(prompts))
-            jobs, prefixes = self._jobs(req, prompts, constraints), self._prefixes(req, prompts)
+            prefixes = await self._prefixes(req, prompts)
+            jobs = self._jobs(req, prompts, constraints)
         except RequestError as e:
             return error_response(e)
         except ClientDisconnect:

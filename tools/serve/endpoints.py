@@ -4,11 +4,8 @@ output is next-token logits, not an embedding). Each checks its body as the comp
 routes do (unknown fields refused, 400 naming the field) and runs the tokenizer on the
 server's tokenizing threads, within ``--tokenize-timeout``. No MLX here."""
 
-import asyncio
-
 from starlette.responses import JSONResponse, Response
 
-from mlxgraph.interpreter.text.tokenizer import TokenizerError
 from mlxgraph.tools.serve.openai_requests import parse_chat, parse_completion
 from mlxgraph.tools.serve.relay import error_response
 from mlxgraph.tools.serve.request_fields import RequestError, is_int
@@ -80,27 +77,10 @@ class Endpoints:
                                    f"ids in [0, {vocab})", "tokens")
             if h.info.tokenizer is None:
                 raise RequestError("this model carries no tokenizer", "tokens")
-            text = await self._decode(ids)
+            text = await h.tokens.decode(ids, "tokens")
         except RequestError as e:
             return error_response(e)
         return JSONResponse({"prompt": text})
-
-    async def _decode(self, ids) -> str:
-        tokens = self.h.tokens
-        work = asyncio.get_running_loop().run_in_executor(tokens.pool, _decode,
-                                                          self.h.info.tokenizer, ids)
-        try:
-            return await asyncio.wait_for(work, tokens.timeout + 2.0)
-        except asyncio.TimeoutError:
-            raise RequestError(f"detokenizing took more than {tokens.timeout:g} s (the server "
-                               "is busy)", status=503, kind="server_error") from None
-
-
-def _decode(tok, ids) -> str:
-    try:
-        return tok.decode(ids)
-    except TokenizerError as e:
-        raise RequestError(str(e), "tokens") from None
 
 
 __all__ = ["Endpoints"]

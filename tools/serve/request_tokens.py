@@ -88,6 +88,18 @@ class RequestTokens:
             raise RequestError(f"tokenizing the request took more than {self.timeout:g} s "
                                "(the server is busy)", status=503, kind="server_error") from None
 
+    async def decode(self, ids, field: str) -> str:
+        """The text of ``ids`` (the server's own tokenizer, on these threads). Raises
+        RequestError: 400 naming ``field`` when the tokenizer refuses, 503 past the
+        deadline."""
+        work = asyncio.get_running_loop().run_in_executor(self.pool, _decode,
+                                                          self.info.tokenizer, ids, field)
+        try:
+            return await asyncio.wait_for(work, self.timeout + 2.0)
+        except asyncio.TimeoutError:
+            raise RequestError(f"decoding took more than {self.timeout:g} s (the server is "
+                               "busy)", status=503, kind="server_error") from None
+
     def _here(self, req, limits) -> list:
         if self.processes is None:
             return tokenize(self.info, req, limits)
@@ -101,6 +113,13 @@ class RequestTokens:
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self.processes is not None:
             self.processes.close()
+
+
+def _decode(tok, ids, field) -> str:
+    try:
+        return tok.decode(ids)
+    except TokenizerError as e:
+        raise RequestError(str(e), field) from None
 
 
 __all__ = ["TOKENIZE_THREADS", "RequestTokens", "tokenize"]

@@ -24,6 +24,9 @@ from mlxgraph.tools.serve.openai_requests import RequestError
 from mlxgraph.tools.serve.options import ServeOptions
 
 log = logging.getLogger("mlxgraph.serve")
+COUNTERS = ("requests", "prefix_hits", "prompt_tokens", "reused_tokens", "completion_tokens",
+            "cancelled", "failed", "refused_busy", "decode_steps", "decode_rows",
+            "batch_fallbacks")
 
 
 @dataclass
@@ -53,7 +56,9 @@ class Scheduler:
         self._loaded = threading.Event()
         self._load_error = None
         self._thread = threading.Thread(target=self._main, name="mlxgraph-scheduler", daemon=True)
-        self.counters = collections.Counter()
+        # Every key there from the start: stats() copies the dict while this thread counts,
+        # and a key added during the copy would break it ("changed size during iteration").
+        self.counters = collections.Counter(dict.fromkeys(COUNTERS, 0))
         self.metrics = None  # the app's Metrics (tools/serve/metrics.py), when it has one
 
     # ------------------------------------------------------------ event-loop side
