@@ -213,3 +213,17 @@ def test_the_kernel_matches_torch_conv1d_step_by_step(dtype, tol, kernel):
         store.commit()
     got = np.concatenate(got, axis=2)
     assert np.abs(got - want.numpy()).max() <= tol * max(1.0, np.abs(want.numpy()).max())
+
+
+def test_inspect_lists_the_state_layers(tmp_path, capsys):
+    import json
+
+    from tool_helpers import run_cli
+
+    build_state_graph(tmp_path / "s.mlxg")
+    code, out, _ = run_cli(capsys, "inspect", tmp_path / "s.mlxg", "--json")
+    assert code == 0
+    assert json.loads(out)["metadata"]["states"] == [
+        {"layer": 0, "shape": [1, CHANNELS, KERNEL - 1], "dtype": "float32"}]
+    code, out, _ = run_cli(capsys, "inspect", tmp_path / "s.mlxg")
+    assert f"state       layer 0: float32 [1, {CHANNELS}, {KERNEL - 1}]" in out.splitlines()

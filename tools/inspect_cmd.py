@@ -152,6 +152,9 @@ def summary(graph, path) -> dict:
                 k: len(v.encode("utf-8")) for k, v in sorted(m.tokenizer_files.items())
             },
             "cache": cache_groups(m.layers),
+            # format 1.3: each recurrent layer's off-graph state
+            "states": [{"layer": s.layer_id, "shape": list(s.shape), "dtype": s.dtype}
+                       for s in m.states],
         },
         "symbols": [{"name": s.name, "min": s.min, "max": s.max} for s in graph.symbols],
         "inputs": _io(graph, "inputs"),
@@ -211,6 +214,9 @@ def print_summary(doc, version: str) -> None:
         )
     cache = [c + ";" for c in cache[:-1]] + cache[-1:]
     print(*_wrap("kv cache", cache or ["-"]), sep="\n")
+    if m["states"]:
+        states = [f"layer {s['layer']}: {s['dtype']} {s['shape']}" for s in m["states"]]
+        print(*_wrap("state", [s + ";" for s in states[:-1]] + states[-1:]), sep="\n")
     syms = [
         f"{s['name']} in [{s['min']}, {s['max'] if s['max'] is not None else '?'}]"
         for s in doc["symbols"]
