@@ -5,7 +5,9 @@ it with one node whose lowering emits one fused graph node:
 
 - linear: ``mm/addmm(x, permute(W, [1, 0]))`` of a constant W becomes ``aten.linear(x, W, b)``
   (a LinearNode reading W as torch stores it), and with the flattening ``view``s around
-  it, a LinearNode on x's own shape with no reshapes;
+  it, a LinearNode on x's own shape with no reshapes; ``mm/addmm(x, W)`` of a constant
+  ``W [in, out]`` read nowhere else (GPT-2's Conv1D) likewise, W then stored transposed
+  (so it quantizes as a Linear: exporter/quantize.py);
 - silu: ``x * sigmoid(x)`` becomes ``aten.silu(x)``;
 - rms_norm: Hugging Face's RMSNorm (optional float32 upcast, ``x * rsqrt(mean(x^2) + eps)``,
   optional cast back, times ``weight`` or ``(weight + offset)``) becomes :func:`fused_rms_norm`;
@@ -68,12 +70,14 @@ def _static_shape(node):
     return [d if isinstance(d, int) else str(d) for d in node.meta["val"].shape]
 
 
-def fuse_linear(graph, constants) -> int:
+def fuse_linear(graph, constants, transpose=None) -> int:
     """x @ W.T (+ b) of a constant weight as one aten.linear.
 
     ``mm/addmm(flat, permute(W, [1, 0]))`` becomes ``linear(flat, W)``; when ``flat`` is
     a flattening view whose product is viewed back to the same leading dims, the linear
-    reads the unflattened input and both views go too.
+    reads the unflattened input and both views go too. With ``transpose`` (a function
+    storing a constant placeholder transposed), ``mm/addmm(flat, W)`` of a 2-D constant W
+    with no other reader becomes ``linear(flat, W.T)`` too.
     """
     count = 0
     for mm in list(graph.nodes):
@@ -88,17 +92,21 @@ def fuse_linear(graph, constants) -> int:
                 continue
         else:
             flat, wt = mm.args
-        if not (_is(wt, aten.permute.default) and list(wt.args[1]) == [1, 0]
-                and wt.args[0] in constants):
+        stored = (transpose is not None and wt in constants and len(wt.users) == 1
+                  and len(wt.meta["val"].shape) == 2)
+        if not stored and not (_is(wt, aten.permute.default) and list(wt.args[1]) == [1, 0]
+                               and wt.args[0] in constants):
             continue
-        x, last, dead = flat, mm, [wt]
+        x, last, dead = flat, mm, [] if stored else [wt]
         back = _only_user(mm)
         if _is(flat, aten.view.default) and _only_user(flat) is mm and _is(back, aten.view.default):
             inner = flat.args[0]
             if (len(_static_shape(inner)) >= 2
                 and _static_shape(back)[:-1] == _static_shape(inner)[:-1]):
-                x, last, dead = inner, back, [mm, flat, wt]
-        args = [x, wt.args[0]] + ([bias] if bias is not None else [])
+                x, last, dead = inner, back, [mm, flat] + dead
+        if stored:
+            transpose(wt)
+        args = [x, wt if stored else wt.args[0]] + ([bias] if bias is not None else [])
         _replace(graph, last, aten.linear.default, args, dead)
         count += 1
     return count
@@ -264,6 +272,19 @@ def _freeze(x):
     return x
 
 
+def _transposer(ep):
+    """A function storing a constant placeholder of ``ep`` transposed (state and traced value)."""
+    targets = {s.arg.name: s.target for s in ep.graph_signature.input_specs}
+
+    def transpose(node):
+        target = targets[node.name]
+        store = ep.state_dict if target in ep.state_dict else ep.constants
+        store[target] = store[target].detach().t().contiguous()
+        node.meta["val"] = node.meta["val"].t()
+
+    return transpose
+
+
 def run_fusions(ep) -> dict:
     """Apply every fusion to an exported program's graph in place; returns counts per pattern."""
     graph = ep.graph_module.graph
@@ -275,7 +296,7 @@ def run_fusions(ep) -> dict:
         if _is(n, aten._assert_tensor_metadata.default) and not n.users:
             graph.erase_node(n)
     counts = {
-        "linear": fuse_linear(graph, constants),
+        "linear": fuse_linear(graph, constants, _transposer(ep)),
         "silu": fuse_silu(graph),
         "rms_norm": fuse_rms_norm(graph, constants),
         "rope": fuse_rope(graph),

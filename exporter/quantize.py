@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from mlxgraph.exporter.errors import ExportError
+from mlxgraph.exporter.quantize_tables import float_weights, quantized_table_nodes, table_refusal
 from mlxgraph.schema.dtypes import dtype_info
 from mlxgraph.schema.op_catalogue import Trait, entry, quantized_form
 from mlxgraph.schema.records import NodeRecord
@@ -74,11 +75,12 @@ class QuantizeRecipe:
                     f"{name} precision {value!r}: choose q8, q4 or float", f"quantize_{name}"
                 )
 
-    def precision(self, op: str, module: str) -> str:
-        """'q8', 'q4' or 'float' for a node of ``op`` from ``module``."""
+    def precision(self, op: str, module: str, token_table: bool = True) -> str:
+        """'q8', 'q4' or 'float' for a node of ``op`` from ``module``; ``token_table``: an
+        embedding reads the ``tokens`` input (other tables take the mode)."""
         if any(fnmatchcase(module, pattern) for pattern in self.exclude):
             return "float"
-        if entry(op).has(Trait.EMBEDDING):
+        if entry(op).has(Trait.EMBEDDING) and token_table:
             return self.embedding or self.mode
         if module == LM_HEAD:
             return self.lm_head or self.mode
@@ -149,11 +151,23 @@ def _scales_dtype(w: torch.Tensor, bits: int, recipe: QuantizeRecipe):
     return torch.float16 if _fits_float16(w, bits, recipe.group_size) else torch.float32
 
 
+def _why_float(recipe: QuantizeRecipe, module: str, token_table: bool) -> str:
+    """Why the recipe keeps a node's weight in float (its precision is 'float')."""
+    patterns = [p for p in recipe.exclude if fnmatchcase(module, p)]
+    if patterns:
+        return f"--quantize-exclude {patterns[0]}"
+    return "--quantize-embedding float" if token_table else "--quantize-lm-head float"
+
+
 def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
     """Rewrite ``writer``'s Linear and Embedding nodes of constant float weights in place.
 
-    A weight whose row length is not a multiple of the group size stays in float (and
-    is listed). Float constants no longer read by any node are dropped.
+    Only the token embedding (the table the ``tokens`` input indexes) takes the recipe's
+    embedding precision; other tables (positions, experts) take its mode. A table of more
+    than two axes (expert weights) becomes a QuantizedEmbedding of its flattened rows and a
+    Reshape (exporter/quantize_tables.py). A weight that cannot be quantized exactly (a
+    row length no multiple of the group size) stays in float; every float weight left is
+    listed with why. Float constants no longer read by any node are dropped.
 
     Returns:
         the record stored in metadata extra["quantization"] (also returned for stats).
@@ -162,10 +176,12 @@ def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
     """
     recipe.check()
     constants = {slot: data for slot, data, _ in writer.constants}
-    quantized, kept = {}, []
+    tokens = dict(writer.inputs).get("tokens")
+    quantized, reasons, nodes = {}, {}, []
     counts = {"q8": 0, "q4": 0, "float": 0}
     scale_counts = {"float16": 0, "float32": 0}
-    for i, node in enumerate(writer.nodes):
+    for node in writer.nodes:
+        nodes.append(node)
         quantized_op = quantized_form(node.op)
         if quantized_op is None:
             continue
@@ -174,10 +190,18 @@ def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
         if slot not in constants or code is None or not dtype_info(code).is_float:
             continue
         module = node.provenance.module_path
-        precision = recipe.precision(node.op, module)
-        if precision != "float" and (len(shape) != 2 or shape[1] % recipe.group_size):
-            kept.append(f"{module or name} (in_features {shape[-1]} is not a multiple of "
-                        f"{recipe.group_size})")
+        table = entry(node.op).has(Trait.EMBEDDING)
+        token_table = table and node.fields.get("indices") == tokens
+        precision = recipe.precision(node.op, module, token_table)
+        why = None
+        if precision == "float":
+            why = _why_float(recipe, module, token_table)
+        elif table and len(shape) > 2:
+            why = table_refusal(writer, node, recipe.group_size)
+        elif len(shape) != 2 or shape[1] % recipe.group_size:
+            why = f"in_features {shape[-1]} is not a multiple of {recipe.group_size}"
+        if why is not None:
+            reasons.setdefault(slot, why)
             precision = "float"
         counts[precision] += 1
         if precision == "float":
@@ -186,6 +210,7 @@ def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
         key = (slot, bits)
         if key not in quantized:
             w = _as_torch(constants[slot], dtype_info(code).name)
+            w = w.reshape(w.shape[0], -1)  # a table's rows flattened (quantize_tables.py)
             packed, scales, biases = quantize_weight(w, bits, recipe.group_size,
                                                      _scales_dtype(w, bits, recipe))
             if w.dtype == torch.float32:
@@ -198,7 +223,11 @@ def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
         packed_slot, scales_slot, biases_slot = quantized[key]
         fields = dict(node.fields, weight=packed_slot, scales=scales_slot, biases=biases_slot,
                       group_size=recipe.group_size, bits=bits)
-        writer.nodes[i] = NodeRecord(quantized_op.table, fields, node.provenance)
+        if len(shape) > 2:
+            nodes[-1:] = quantized_table_nodes(writer, node, quantized_op.table, fields)
+        else:
+            nodes[-1] = NodeRecord(quantized_op.table, fields, node.provenance)
+    writer.nodes = nodes
     writer.drop_unread_constants()
     record = {
         "mode": recipe.mode,
@@ -207,7 +236,7 @@ def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
         "lm_head": recipe.lm_head or recipe.mode,
         "exclude": list(recipe.exclude),
         "nodes": counts,
-        "kept_float": kept,
+        "kept_float": float_weights(writer, reasons),
         "scales": recipe.scales,
         "scales_dtypes": scale_counts,
     }

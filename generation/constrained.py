@@ -96,13 +96,8 @@ class Constraint:
     def allowed(self) -> np.ndarray:
         """[vocab] bool: the tokens the grammar allows next."""
         fill_next_token_bitmask(self._matcher, self._bits, 0)
-        if self._matcher.is_error():  # past its limits (a stranger's grammar): said, not hidden
-            raise ConstraintError(f"the grammar failed: {self._matcher.get_error()}")
-        allowed = np.unpackbits(self._bits[0].view(np.uint8), bitorder="little")
-        allowed = allowed[: self._vocab].astype(np.bool_)
-        if not allowed.any():
-            raise ConstraintError("the grammar allows no token here")
-        return allowed
+        bits = np.unpackbits(self._bits[0].view(np.uint8), bitorder="little")
+        return bits[: self._vocab].astype(np.bool_)
 
     def consume(self, token: int) -> None:
         """Advance past ``token``. Raises ConstraintError: the grammar does not allow it."""

@@ -1,8 +1,9 @@
 """Matrix products and lookups: mm, bmm, addmm, embedding, index_select, index.
 
-``x @ W.T`` of a constant weight (how ``nn.Linear`` reads after decompositions) never
-reaches mm/addmm here: exporter/fusions.py has already made it one ``aten.linear``
-(lowered in fused.py), so these are the general products.
+``x @ W.T`` of a constant weight (how ``nn.Linear`` reads after decompositions), and
+``x @ W`` of a constant read nowhere else (GPT-2's Conv1D), never reach mm/addmm here:
+exporter/fusions.py has already made them one ``aten.linear`` (lowered in fused.py), so
+these are the general products.
 """
 
 import torch

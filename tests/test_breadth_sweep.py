@@ -1,0 +1,29 @@
+"""scripts/breadth_sweep.py on a subset (make test-slow): each model type lands in the
+class it has (docs/breadth-sweep.md holds the whole sweep's table)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "breadth_sweep.py"
+EXPECTED = {"llama": "exact", "gpt2": "exact", "qwen3_moe": "exact", "glm4_moe": "exact",
+            "bloom": "refused", "rwkv": "refused"}
+
+
+def _sweep():
+    spec = importlib.util.spec_from_file_location("breadth_sweep", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_the_sweep_classifies_a_subset():
+    sweep = _sweep()
+    assert set(EXPECTED) <= set(sweep.model_types())
+    rows = [sweep.run_one(t, timeout=300) for t in EXPECTED]
+    got = {row["type"]: row["status"] for row in rows}
+    assert got == EXPECTED, rows
+    refused = [row["detail"] for row in rows if row["status"] == "refused"]
+    assert all("\n" not in d and d for d in refused)
