@@ -182,12 +182,33 @@ def summary(rows) -> dict:
     return counts
 
 
+def markdown(rows) -> str:
+    """The rows as a markdown table, failures first, then refusals, unbuilt, exact."""
+    order = {"failed": 0, "refused": 1, "unbuilt": 2, "exact": 3}
+    lines = ["| model type | class | detail |", "|---|---|---|"]
+    for row in sorted(rows, key=lambda r: (order[r["status"]], r["type"])):
+        detail = row["detail"].replace("|", "\\|")[:160]
+        lines.append(f"| {row['type']} | {row['status']} | {detail} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--types", help="comma-separated model types (default: all)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per model")
     parser.add_argument("--json", help="write the rows here as JSON")
+    parser.add_argument("--table", nargs="+", metavar="JSON",
+                        help="print these runs' rows (a later file's row of a type wins) as a "
+                             "markdown table and their counts; run nothing")
     args = parser.parse_args(argv)
+    if args.table:
+        merged = {}
+        for name in args.table:
+            merged.update({row["type"]: row for row in json.loads(Path(name).read_text())})
+        rows = list(merged.values())
+        print(markdown(rows))
+        print(_counts_line(rows, ""))
+        return 0
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -200,11 +221,15 @@ def main(argv=None) -> int:
               flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
+    print(_counts_line(rows, f"transformers {transformers.__version__}, "))
+    return 1 if summary(rows).get("failed") else 0
+
+
+def _counts_line(rows, prefix: str) -> str:
     counts = summary(rows)
-    print(f"transformers {transformers.__version__}, {len(rows)} model types: "
-          + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("exact", "refused", "failed",
-                                                           "unbuilt")))
-    return 1 if counts.get("failed") else 0
+    return (f"{prefix}{len(rows)} model types: "
+            + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("exact", "refused", "failed",
+                                                             "unbuilt")))
 
 
 if __name__ == "__main__":

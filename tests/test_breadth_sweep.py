@@ -8,7 +8,7 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "breadth_sweep.py"
 EXPECTED = {"llama": "exact", "gpt2": "exact", "qwen3_moe": "exact", "glm4_moe": "exact",
-            "bloom": "refused", "rwkv": "refused"}
+            "bloom": "refused", "falcon_mamba": "refused"}
 
 
 def _sweep():
