@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "breadth_sweep.py"
-EXPECTED = {"llama": "exact", "gpt2": "exact", "qwen3_moe": "exact", "glm4_moe": "exact",
+EXPECTED = {"llama": "exact", "persimmon": "exact", "qwen3_moe": "exact", "glm4_moe": "exact",
             "bloom": "refused", "falcon_mamba": "refused"}
 
 
