@@ -2,6 +2,7 @@
 load, same run.
 
     python benchmarks/serve_bench.py [--clients 1,4,16] [--seconds 20] [--json]
+    python benchmarks/serve_bench.py --features [--clients 4] [--seconds 20] [--json]
 
 The model is generate_bench's `small` Llama (seeded random weights, float32) with a
 word-level tokenizer of its 32000-token vocabulary added to the folder (both servers need
@@ -13,6 +14,9 @@ completions of fresh random prompts (--prompt-tokens, --max-tokens) one after an
 --seconds. Printed per client count and server: requests, aggregate completion tok/s, time
 to first token and inter-token latency p50/p99, and the ratio mlxgraph/mlx-lm of tok/s;
 and whether both servers' greedy texts for one prompt agree.
+--features runs mlxgraph alone on the same model with a BPE tokenizer instead
+(serve_features.py): JSON-schema-constrained against unconstrained throughput, and n=4 in
+one request against four requests.
 This process imports neither torch nor mlx.
 """
 
@@ -30,6 +34,7 @@ from pathlib import Path
 import httpx
 from generate_bench import prepare
 from generate_figures import SIZES
+from serve_features import add_bpe_tokenizer, print_features, run_features
 from serve_load import run_load, stream_once, words_prompt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,7 +144,11 @@ def main(argv=None) -> int:
     ap.add_argument("--size", default="small", choices=sorted(SIZES))
     ap.add_argument("--workdir", default=str(ROOT / "out" / "serve-bench"))
     ap.add_argument("--json", action="store_true", help="print one JSON document")
+    ap.add_argument("--features", action="store_true",
+                    help="constrained vs plain and n=4 vs 4 requests, mlxgraph alone")
     args = ap.parse_args(argv)
+    if args.features:
+        return features(args)
     clients = [int(c) for c in args.clients.split(",") if c]
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -179,6 +188,33 @@ def main(argv=None) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print_report(doc)
+    return 0
+
+
+def features(args) -> int:
+    """--features: mlxgraph alone, on the model with a BPE tokenizer."""
+    workdir = Path(args.workdir) / "features"
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    vocab = SIZES[args.size]["vocab_size"]
+    _, graph, _, _ = prepare(args.size, workdir, log,
+                             extend=lambda f: add_bpe_tokenizer(f, vocab))
+    proc, url = start_mlxgraph(graph, workdir / "mlxgraph-serve.log")
+    try:
+        clients = int(args.clients.split(",")[0])
+        doc = run_features(url, clients, args.seconds, args.max_tokens,
+                           "Structured output from a tiny server:")
+    finally:
+        stop(proc)
+    doc = {"size": args.size, "clients": clients, "seconds": args.seconds,
+           "max_tokens": args.max_tokens, "runs": doc, "load": os.getloadavg()[0]}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print_features(doc["runs"])
     return 0
 
 

@@ -166,3 +166,35 @@ def test_streams_still_going_at_the_shutdown_timeout_end_with_an_error_event(gra
     cut = [lines for lines in ends if any("shutting down" in x for x in lines)]
     assert cut, "no stream was still going at the timeout"
     assert all(json.loads(lines[-2][6:])["error"]["type"] == "server_error" for lines in cut)
+
+
+HOSTILE_GRAMMARS = [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "deep", "schema":
+                         json.loads('{"type": "array", "items": ' * 200 + "{}" + "}" * 200)}}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "enum", "schema": {
+        "enum": [f"v{i}" for i in range(200000)]}}}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "re", "schema": {
+        "type": "string", "pattern": "(a+)+$"}}}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "ints", "schema": {
+        "type": "integer", "minimum": -10**30, "maximum": 10**30}}}},
+    {"grammar": "(" * 5000 + "a" + ")*" * 5000},
+    {"grammar": 'root ::= a\na ::= a "x" | "y"'},
+]
+
+
+def test_hostile_grammars_cost_their_request_only(graph):
+    """Schemas and grammars past llguidance's limits are a 400 naming the field (or a 503 when
+    compiling passed the deadline); a grammar it can follow is served; streams go on."""
+    with running_server(graph, "--tokenize-timeout", 5) as server, \
+            concurrent.futures.ThreadPoolExecutor(4) as pool:
+        streaming = pool.submit(_chat, server.url, "Hello", True)
+        answers = list(pool.map(lambda extra: httpx.post(
+            f"{server.base}/completions", timeout=60,
+            json={"prompt": "x", "max_tokens": 8, **extra}), HOSTILE_GRAMMARS))
+        assert streaming.result().status_code == 200
+        for extra, r in zip(HOSTILE_GRAMMARS, answers):
+            assert r.status_code in (200, 400, 503), r.text
+            if r.status_code == 400:
+                assert r.json()["error"]["param"] == next(iter(extra)), r.text
+        assert _chat(server.url, "Hi").status_code == 200
+    assert "Traceback" not in "".join(server.log)

@@ -1,35 +1,19 @@
-"""OpenAI request bodies, checked field by field into a :class:`TextRequest`.
-
-Every field a client may send is listed here with its type and domain. A wrong type, a value
-out of range, an unknown field, or a field whose non-default value this server does not
-implement (``best_of``, tools, ...) is a :class:`RequestError`
-(HTTP 400, naming the field): a request is served exactly as asked, or refused.
-No mlx import.
+"""OpenAI request bodies into a :class:`TextRequest`: the fields checked by their models
+(request_models.py), then what depends on several of them (server defaults, a grammar and
+its EOS, tools and tool_choice, echo and logprobs). A wrong type, a value out of range, an
+unknown field, or a field whose non-default value this server does not implement
+(``best_of``, ``suffix``) is a :class:`RequestError` (HTTP 400, naming the field): a request
+is served exactly as asked, or refused. No mlx import.
 """
 
 from dataclasses import dataclass, field
 
-from mlxgraph.generation.options import MAX_PENALTY, SAMPLING_ONLY
-from mlxgraph.tools.serve.chat_messages import CHOICES, messages, tool_choice, tools
-from mlxgraph.tools.serve.request_fields import (
-    RequestError,
-    boolean,
-    inert,
-    integer,
-    is_int,
-    logit_bias,
-    number,
-    only,
-    response_format,
-    stop_strings,
-    string,
-    template_kwargs,
-)
+from mlxgraph.generation.options import SAMPLING_ONLY
+from mlxgraph.tools.serve.chat_messages import CHOICES, messages
+from mlxgraph.tools.serve.request_fields import RequestError, boolean, is_int
+from mlxgraph.tools.serve.request_models import MAX_CHOICES, ChatBody, CompletionBody
+from mlxgraph.tools.serve.request_models import fields as request_fields
 
-MAX_TOP_LOGPROBS = 20
-MAX_CHOICES = 128  # n, and prompts in a list: also at most the server's --max-sessions
-# Fields a client may send that change nothing here (bookkeeping on OpenAI's side).
-INERT = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
 # The fields `mlxgraph serve --temp/--seed/--top-k/--top-p/--min-p` give defaults for, in the
 # order they are settled (the temperature first: the filters' defaults depend on it).
 SERVER_DEFAULTS = ("temperature", "seed", "top_k", "top_p", "min_p")
@@ -67,58 +51,6 @@ class TextRequest:
     include_usage: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None
-
-
-COMMON = {
-    "model": string,
-    "max_tokens": integer(1, 2**31 - 1),
-    "temperature": number(0.0, 100.0),
-    "top_p": number(0.0, 1.0, open_lo=True),
-    "top_k": integer(0, 2**31 - 1),
-    "min_p": number(0.0, 1.0, open_hi=True),
-    "repetition_penalty": number(0.0, 100.0, open_lo=True),
-    "seed": integer(0, 2**63 - 1),
-    "stop": stop_strings,
-    "stream": boolean,
-    "n": integer(1, MAX_CHOICES),
-    "presence_penalty": number(-MAX_PENALTY, MAX_PENALTY),
-    "frequency_penalty": number(-MAX_PENALTY, MAX_PENALTY),
-    "logit_bias": logit_bias,
-    "ignore_eos": boolean,  # vLLM's extension: generate past the model's EOS tokens
-    "response_format": response_format,
-    "grammar": string,  # llama.cpp's extension: a GBNF grammar
-    **{name: inert for name in INERT},
-}
-COMPLETION = {
-    **COMMON,
-    "prompt": inert,  # checked by _prompts
-    "logprobs": integer(0, MAX_TOP_LOGPROBS),
-    "echo": boolean,
-    "best_of": only(1, "other than 1"),
-    "suffix": only("", "with text"),
-}
-CHAT = {
-    **COMMON,
-    "messages": inert,  # checked by chat_messages.messages
-    "max_completion_tokens": integer(1, 2**31 - 1),
-    "logprobs": boolean,
-    "top_logprobs": integer(0, MAX_TOP_LOGPROBS),
-    "chat_template_kwargs": template_kwargs,  # vLLM's extension
-    "tools": tools,
-    "tool_choice": tool_choice,
-}
-
-
-def _fields(doc: dict, table: dict) -> dict:
-    """{name: checked value} of the fields present and not null."""
-    out = {}
-    for name, value in doc.items():
-        if name not in table and name != "stream_options":
-            raise RequestError(f"unknown field '{name}'", name)
-        if value is None or name == "stream_options":
-            continue
-        out[name] = table[name](name, value)
-    return out
 
 
 def _stream_options(doc: dict) -> bool:
@@ -190,7 +122,7 @@ def _request(kind, doc, fields, defaults) -> TextRequest:
 def parse_completion(doc: dict, defaults=None) -> TextRequest:
     """A /v1/completions body; ``defaults``: the server-wide sampling defaults ({field:
     value}) for the fields it does not give. Raises RequestError."""
-    fields = _fields(doc, COMPLETION)
+    fields = request_fields(CompletionBody, doc)
     if "prompt" not in fields:
         raise RequestError("'prompt' is required", "prompt")
     req = _request("completion", doc, fields, defaults)
@@ -231,7 +163,7 @@ def _tools(req, fields) -> None:
 
 def parse_chat(doc: dict, defaults=None) -> TextRequest:
     """A /v1/chat/completions body; ``defaults`` as parse_completion's. Raises RequestError."""
-    fields = _fields(doc, CHAT)
+    fields = request_fields(ChatBody, doc)
     if "messages" not in fields:
         raise RequestError("'messages' is required", "messages")
     req = _request("chat", doc, fields, defaults)

@@ -104,7 +104,9 @@ class Stepper:
             logits = session.step(mx.array([job.ids[-1:]], dtype=mx.int32), [start])[:, -1, :]
             # The other choices of the prompt (n > 1): forks of this session, each sampling
             # its own first token from the same logits.
-            for twin in [job] + [f for f in job.followers if f.session is None]:
+            waiting = [f for f in job.followers  # a dropped one is released: no sampler
+                       if f.session is None and f.sampler is not None and not f.cancelled]
+            for twin in [job] + waiting:
                 if twin is not job:
                     twin.session, twin.cached = session.fork(), len(job.ids)
                 twin.y, twin.y_logprob = self._pick(twin, logits)
