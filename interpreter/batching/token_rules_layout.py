@@ -189,8 +189,8 @@ def _causal_conv(n):
     return [(2, 1)]
 
 
-@rule("SsdScan")
-def _ssd_scan(n):
+@rule("SsdScan", "SelectiveScan")  # (the same inputs: Mamba-2's and Mamba-1's scans)
+def _scan(n):
     # The kernel splits the rows itself: each row scans from its own session's state.
     for name in ("x", "dt", "b", "c"):
         if n.tok(name) != (1, 1):
@@ -207,16 +207,4 @@ def _gated_delta(n):
     for name in ("q", "k", "v", "g", "beta"):
         if n.tok(name) != (1, 1):
             raise n.mix(f"its {name} does not carry one token per entry on axis 1")
-    return [(1, 1)]
-
-
-@rule("SelectiveScan")
-def _selective_scan(n):
-    # The kernel splits the rows itself: each row scans from its own session's state.
-    for name in ("x", "dt", "b", "c"):
-        if n.tok(name) != (1, 1):
-            raise n.mix(f"its {name} does not carry one token per entry on axis 1")
-    for name in ("a", "d", "dt_bias"):
-        if n.ax(name) is not None:
-            raise n.mix(f"its {name} carries tokens")
     return [(1, 1)]
