@@ -1,9 +1,11 @@
-"""Load what export() was given: a built-in name, a Hugging Face folder, or a module.
+"""Load what export() was given: a built-in name, a Hugging Face folder, a Hub repo id (its
+folder in the Hub's cache, exporter/hub.py), or a module.
 
 A folder is refused from its config.json alone, before any weight is read, when it cannot
 be a graph: a model type transformers does not know, one that is not a causal decoder
-(no ``*ForCausalLM``: T5, BART...), or weights quantized in a way transformers cannot read
-(MLX's ``quantization`` block): one line, an :class:`UnsupportedModelError`. So is a
+(no ``*ForCausalLM``: T5, BART...), or weights quantized in a way neither transformers nor
+exporter/mlx_folder.py (MLX's ``quantization`` block) can read: one line, an
+:class:`UnsupportedModelError`. So is a
 quantization transformers knows but cannot load here (its message's first line).
 """
 
@@ -14,6 +16,8 @@ import torch
 
 from mlxgraph.exporter.builtins import BUILD_LOCK, BUILTINS, TRAINED_BUILTINS, builtin_model
 from mlxgraph.exporter.errors import ExportError, UnsupportedModelError
+from mlxgraph.exporter.hub import hub_folder, looks_like_repo_id
+from mlxgraph.exporter.mlx_folder import check_mlx_quantization, load_mlx_folder, mlx_quantization
 from mlxgraph.schema.tokenizer_files import TokenizerFilesError, read_tokenizer_folder
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -35,12 +39,9 @@ def read_config(folder: Path) -> dict:
 
 
 def _quantized(config: dict) -> str | None:
-    # (Other quantization methods are transformers' to load; see load_model.)
-    mlx = config.get("quantization")
-    if isinstance(mlx, dict) and "bits" in mlx:
-        return (f"weights quantized by MLX ({mlx.get('bits')} bits, group size "
-                f"{mlx.get('group_size')}) are not supported: export the float model it was "
-                "made from (--quantize q8/q4 quantizes here)")
+    # (MLX's own block is exporter/mlx_folder.py's; other methods are transformers' to load.)
+    if mlx_quantization(config):
+        return None
     hf = config.get("quantization_config")
     if hf and not (isinstance(hf, dict) and hf.get("quant_method")):
         return "quantized weights of an unknown kind (a quantization_config without quant_method)"
@@ -79,10 +80,17 @@ def check_config(config: dict) -> None:
     why = _quantized(config)
     if why:
         raise UnsupportedModelError(why, model_type)
+    if mlx_quantization(config):
+        check_mlx_quantization(config)
 
 
-def load_model(model, dtype: str):
+def load_model(model, dtype: str | None, requantize: bool = False):
     """(model, source info) for a built-in name, a model folder, or a ready nn.Module.
+
+    ``dtype`` None is float32, or an MLX-quantized folder's own dtype; the info's "dtype"
+    says which, and for such a folder "packed" holds its packed weights by name
+    (exporter/mlx_folder.py). ``requantize``: the caller quantizes (refused for such a
+    folder, before its weights are read).
 
     Raises:
         ExportError: unknown name, not a model folder, a folder transformers cannot load,
@@ -91,31 +99,65 @@ def load_model(model, dtype: str):
         UnsupportedModelError: a folder check_config refuses, or quantized weights
             transformers cannot load here.
     """
-    if dtype not in DTYPES:
+    if dtype is not None and dtype not in DTYPES:
         raise ExportError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}", "dtype")
     if isinstance(model, torch.nn.Module):
         if not hasattr(model, "set_attn_implementation"):
             raise ExportError(
                 f"{type(model).__name__} is not a transformers model (export takes a *ForCausalLM)"
             )
-        info = {"source": type(model).__name__, "tokenizer": "", "files": {}}
+        dtype = dtype or "float32"
+        info = {"source": type(model).__name__, "tokenizer": "", "files": {}, "dtype": dtype}
         return model.eval().to(DTYPES[dtype]), info
     name = str(model)
     if name in BUILTINS:
+        dtype = dtype or "float32"
         return builtin_model(name).to(DTYPES[dtype]), {
             "source": name,
             "tokenizer": "byte",
             "files": {},
+            "dtype": dtype,
         }
     # A trained built-in is a Hugging Face folder shipped in the package: the same path as any.
     folder = TRAINED_BUILTINS.get(name, Path(name))
+    hub = name not in TRAINED_BUILTINS and looks_like_repo_id(name)
+    if hub:
+        folder = hub_folder(name)
     if not (folder / "config.json").is_file():
         known = ", ".join([*TRAINED_BUILTINS, *BUILTINS])
-        raise ExportError(
-            f"unknown model {name!r}: not a folder with config.json, nor a built-in ({known})"
-        )
+        where = "its Hub files have no config.json" if hub else (
+            f"not a folder with config.json, a Hub repo id (org/name), nor a built-in ({known})")
+        raise ExportError(f"unknown model {name!r}: {where}")
     config = read_config(folder)
     check_config(config)
+    packed = None
+    if mlx_quantization(config):
+        if requantize:
+            raise ExportError("the folder's weights are already quantized by MLX and are stored "
+                              "as they are: drop --quantize", "quantize")
+        m, packed, dtype = load_mlx_folder(folder, config, dtype)
+    else:
+        dtype = dtype or "float32"
+        m = _from_pretrained(folder, config, dtype)
+    files = {}
+    if (folder / "tokenizer.json").is_file():
+        try:
+            files = read_tokenizer_folder(folder)
+        except TokenizerFilesError as e:
+            raise ExportError(f"cannot embed the tokenizer: {e}") from None
+    # The folder's name (or the repo id) only: the exporting machine's paths stay out of
+    # the file.
+    return m.eval(), {
+        "source": name if hub else folder.resolve().name,
+        "tokenizer": "embedded" if files else "",
+        "files": files,
+        "dtype": dtype,
+        "packed": packed,
+    }
+
+
+def _from_pretrained(folder: Path, config: dict, dtype: str):
+    """transformers' model of ``folder``; raises ExportError / UnsupportedModelError."""
     from transformers import AutoModelForCausalLM
 
     try:  # (transformers' model building has process-global state: builds take turns)
@@ -138,18 +180,7 @@ def load_model(model, dtype: str):
             f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         )
         raise ExportError(f"{folder}: the checkpoint lacks {len(missing)} weight(s): {shown}")
-    files = {}
-    if (folder / "tokenizer.json").is_file():
-        try:
-            files = read_tokenizer_folder(folder)
-        except TokenizerFilesError as e:
-            raise ExportError(f"cannot embed the tokenizer: {e}") from None
-    # The folder's name only: the exporting machine's paths stay out of the file.
-    return m.eval(), {
-        "source": folder.resolve().name,
-        "tokenizer": "embedded" if files else "",
-        "files": files,
-    }
+    return m
 
 
 def _first_line(e: Exception, limit: int = 300) -> str:

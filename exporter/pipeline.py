@@ -24,6 +24,7 @@ from mlxgraph.exporter.model_info import (
 )
 from mlxgraph.exporter.model_loading import DTYPES, load_model
 from mlxgraph.exporter.model_support import check_model
+from mlxgraph.exporter.packed_weights import keep_packed
 from mlxgraph.exporter.quantize import QuantizeRecipe, quantize_graph
 from mlxgraph.exporter.state_adapter import unrouted_scan
 from mlxgraph.exporter.tokenizer_source import read_tokenizer, tokenizer_source
@@ -123,7 +124,7 @@ def _graph(m, max_seq_len: int, step):
 def export(
     model,
     out_path,
-    dtype: str = "float32",
+    dtype: str | None = None,
     max_seq_len: int | None = None,
     progress=None,
     allow_nonfinite: bool = False,
@@ -138,7 +139,9 @@ def export(
             tiny-phi3, random), or a ``*ForCausalLM`` module (converted to ``dtype`` and
             eval mode in place).
         out_path: the .mlxg file to write.
-        dtype: float32, float16 or bfloat16: the graph's compute and weight dtype.
+        dtype: float32, float16 or bfloat16: the graph's compute and weight dtype; None
+            is float32, or an MLX-quantized folder's own dtype (exporter/mlx_folder.py:
+            its packed weights are stored bit for bit).
         max_seq_len: the largest step (tokens per call) and the recorded max context;
             None = min(2048, the model's max_position_embeddings).
         progress: optional ``fn(message)`` called as each long step starts.
@@ -184,7 +187,8 @@ def export(
         return result
 
     files = None if tokenizer is None else read_tokenizer(tokenizer)  # before the long part
-    m, source = step("loading", lambda: load_model(model, dtype))
+    m, source = step("loading", lambda: load_model(model, dtype, quantize is not None))
+    dtype, packed = source["dtype"], source.pop("packed", None)
     if files is not None:
         source = {**source, **tokenizer_source(tokenizer, files, embedding_rows(m), source)}
     try:
@@ -198,8 +202,11 @@ def export(
     refusal = None if allow_nonfinite else nonfinite_weights(writer)
     if refusal:
         raise ExportError(refusal)
-    quantized = None if quantize is None else step(
-        "quantizing", lambda: quantize_graph(writer, quantize))
+    quantized = None
+    if quantize is not None:
+        quantized = step("quantizing", lambda: quantize_graph(writer, quantize))
+    elif packed:
+        quantized = step("storing packed weights", lambda: keep_packed(writer, packed, dtype))
     try:
         # Verified before it takes out_path's place: an export reports success only for a
         # file that loads.

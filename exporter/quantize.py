@@ -137,7 +137,7 @@ def _as_torch(data: np.ndarray, dtype: str) -> torch.Tensor:
     return torch.from_numpy(np.array(data))
 
 
-def _as_numpy(t: torch.Tensor):
+def as_numpy(t: torch.Tensor):
     """(array, dtype name) for GraphWriter.add_constant (bfloat16 as its bit pattern)."""
     if t.dtype == torch.bfloat16:
         return t.contiguous().view(torch.int16).numpy().view(np.uint16), "bfloat16"
@@ -217,8 +217,8 @@ def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
                 scale_counts[str(scales.dtype).removeprefix("torch.")] += 1
             quantized[key] = (
                 writer.add_constant(f"{name}.q{bits}", packed, "uint32"),
-                writer.add_constant(f"{name}.scales{bits}", *_as_numpy(scales)),
-                writer.add_constant(f"{name}.biases{bits}", *_as_numpy(biases)),
+                writer.add_constant(f"{name}.scales{bits}", *as_numpy(scales)),
+                writer.add_constant(f"{name}.biases{bits}", *as_numpy(biases)),
             )
         packed_slot, scales_slot, biases_slot = quantized[key]
         fields = dict(node.fields, weight=packed_slot, scales=scales_slot, biases=biases_slot,
@@ -244,5 +244,5 @@ def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
     return record
 
 
-__all__ = ["QuantizeRecipe", "quantize_graph", "quantize_weight", "MODES",
+__all__ = ["QuantizeRecipe", "quantize_graph", "quantize_weight", "as_numpy", "MODES",
            "GROUP_SIZES", "DEFAULT_GROUP_SIZE", "SCALE_DTYPES"]

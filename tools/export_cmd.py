@@ -1,5 +1,5 @@
-"""`mlxgraph export MODEL -o OUT.mlxg`: a Hugging Face model folder or built-in name to a graph
-file.
+"""`mlxgraph export MODEL -o OUT.mlxg`: a Hugging Face model folder, Hub repo id or built-in
+name to a graph file.
 
 Progress lines go to stderr as each long step starts; the summary (or, with --json, one
 JSON object) goes to stdout. Exit 0 on success; 2 for bad usage or bad input (an unknown
@@ -34,13 +34,15 @@ def add_arguments(parser) -> None:
     """Declare the command's arguments."""
     parser.add_argument(
         "model",
-        help="a Hugging Face model folder (config.json + safetensors) or a built-in name: "
+        help="a Hugging Face model folder (config.json + safetensors), a Hub repo id (org/name, "
+        "fetched into the Hugging Face cache; offline, the cached copy) or a built-in name: "
         "tiny-code (trained on Python code), or tiny-llama, tiny-qwen2, tiny-mistral, "
         "tiny-gemma3, tiny-phi3 (seeded random weights)",
     )
     parser.add_argument("-o", "--output", required=True, help="the .mlxg file to write")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
-                        help="compute and weight dtype of the graph (default float32)")
+    parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
+                        help="compute and weight dtype of the graph (default float32; an "
+                        "MLX-quantized folder: its own)")
     parser.add_argument(
         "--max-seq-len",
         type=positive_int,
@@ -87,8 +89,9 @@ def _summary(stats: dict) -> str:
     q = stats.get("quantization")
     if q:
         done = ", ".join(f"{k} {v}" for k, v in q["nodes"].items() if v)
-        lines.append(f"  quantized  {q['mode']}, group size {q['group_size']}: {done} "
-                     f"(embedding {q['embedding']}, lm_head {q['lm_head']})")
+        how = ("the folder's own MLX weights, bit for bit" if q.get("source") == "mlx" else
+               f"embedding {q['embedding']}, lm_head {q['lm_head']}")
+        lines.append(f"  quantized  {q['mode']}, group size {q['group_size']}: {done} ({how})")
         lines += [f"  kept float {k}" for k in q["kept_float"]]
     needed = stats.get("element_limit_needed")
     if needed:
@@ -100,7 +103,6 @@ def _summary(stats: dict) -> str:
 
 def run(args) -> int:
     """Export; returns the exit code."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model name is never a download
     if args.max_seq_len is not None and args.max_seq_len < 2:
         return fail(f"export: --max-seq-len must be at least 2, got {args.max_seq_len}")
     if args.quantize is None:
