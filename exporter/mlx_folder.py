@@ -165,7 +165,21 @@ def load_mlx_folder(folder: Path, config: dict, dtype: str | None):
         raise _refuse(config, f"the weights are not named as transformers' "
                       f"{type(model).__name__} names them ({len(odd)} differ, e.g. {odd[0]}): "
                       "mlx-lm's own layout for this model is not supported")
-    return model.eval(), packed, dtype
+    return model.eval(), _with_tied_names(model, packed), dtype
+
+
+def _with_tied_names(model, packed: dict) -> dict:
+    """``packed`` also under every other name of a tied parameter (a tied LM head is traced
+    under its own name, lm_head.weight, while the folder stores the embedding's)."""
+    names = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(p.data_ptr(), []).append(name)
+    out = dict(packed)
+    for group in names.values():
+        found = next((packed[n] for n in group if n in packed), None)
+        if found is not None:
+            out.update(dict.fromkeys(group, found))
+    return out
 
 
 __all__ = ["PackedWeight", "check_mlx_quantization", "load_mlx_folder", "mlx_quantization"]

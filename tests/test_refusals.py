@@ -1,8 +1,9 @@
 """One refusal shape for every model the export cannot export exactly (issues 31 and 32).
 
 Whatever the reason (not a causal decoder, a model type transformers does not know, weights
-quantized by MLX, attention outside transformers' AttentionInterface, latent attention,
-data-dependent code, ops without a lowering), the export raises an
+quantized by MLX in a way the format cannot store, attention outside transformers'
+AttentionInterface, latent attention, data-dependent code, ops without a lowering), the
+export raises an
 UnsupportedModelError whose message is one line, ``<model type>: <where>: <why>``, and the
 command line prints ``mlxgraph: export: MODEL: cannot export: <that line>`` and exits 1,
 with nothing else on stderr but its progress lines. Real transformers models from tiny
@@ -66,10 +67,9 @@ REFUSED_FOLDERS = {
                      "shipped with a model, auto_map, is not run)"),
     "no model type": ({"hidden_size": 64}, "config.json names no model_type, so the "
                       "architecture is unknown"),
-    "mlx q4": ({"model_type": "llama", "quantization": {"group_size": 64, "bits": 4},
-                "quantization_config": {"group_size": 64, "bits": 4}},
-               "llama: weights quantized by MLX (4 bits, group size 64) are not supported: "
-               "export the float model it was made from (--quantize q8/q4 quantizes here)"),
+    "mlx 3-bit": ({"model_type": "llama", "quantization": {"group_size": 64, "bits": 3},
+                   "quantization_config": {"group_size": 64, "bits": 3}},
+                  "llama: MLX-quantized weights: 3 bits: the graph stores 4 or 8"),
 }
 
 
