@@ -16,12 +16,10 @@ into a loop of one or two tokens, which makes a poor demo and a weak test.
 """
 
 import threading
-from pathlib import Path
 
 import torch
 
-# name -> the packaged Hugging Face folder of a trained built-in.
-TRAINED_BUILTINS = {"tiny-code": Path(__file__).with_name("models") / "tiny-code"}
+from mlxgraph.exporter.builtin_names import BUILTINS, TRAINED_BUILTINS
 
 BYTE_BOS, BYTE_EOS = 2, 3
 # transformers initialises weights from torch's global generator and builds a model under
@@ -36,33 +34,6 @@ _COMMON = dict(
     bos_token_id=BYTE_BOS, eos_token_id=BYTE_EOS, pad_token_id=0, initializer_range=0.25,
     tie_word_embeddings=False,
 )
-
-# name -> (transformers model_type, config overrides on top of _COMMON)
-BUILTINS = {
-    "tiny-llama": ("llama", {}),
-    "tiny-qwen2": ("qwen2", {"num_hidden_layers": 3, "tie_word_embeddings": True}),
-    "tiny-mistral": ("mistral", {"sliding_window": 32}),
-    "tiny-gemma3": (
-        "gemma3_text",
-        {
-            "head_dim": 32,
-            "num_key_value_heads": 1,
-            "query_pre_attn_scalar": 32,
-            "sliding_window": 32,
-            "layer_types": [
-                "sliding_attention",
-                "sliding_attention",
-                "sliding_attention",
-                "full_attention",
-            ],
-            # Untied: Gemma scales the input embedding by sqrt(hidden), so with random tied
-            # weights the logits mostly echo the last input token.
-            "tie_word_embeddings": False,
-        },
-    ),
-    "tiny-phi3": ("phi3", {"num_hidden_layers": 3, "num_key_value_heads": 4}),
-}
-
 
 def make_config(model_type: str, **overrides):
     """A transformers config of ``model_type`` with the tiny defaults, then ``overrides``.

@@ -192,8 +192,18 @@ TOKENIZER_DEADLINE = Knob(
     "when a command loads the tokenizer",
     _seconds,
 )
+GRAPH_CACHE = Knob(
+    "MLXGRAPH_GRAPH_CACHE",
+    "a folder",
+    "",
+    "where generate/chat/serve keep the graphs they export from a model folder, Hub repo id "
+    "or built-in name (tools/model_graphs.py; empty: $XDG_CACHE_HOME/mlxgraph/graphs, or "
+    "~/.cache/mlxgraph/graphs)",
+    "when a command is given a model instead of a graph file",
+    str,
+)
 KNOBS = (BLAS, BLAS_ROUTER, BLAS_TILE, BLAS_THREADS, NATIVE_ACTIVATIONS, QUANTIZED_KERNEL,
-         QUANTIZED_THREADS, TOKENIZER_DEADLINE)
+         QUANTIZED_THREADS, TOKENIZER_DEADLINE, GRAPH_CACHE)
 
 
 def check_environment(env=None) -> None:
@@ -220,6 +230,7 @@ __all__ = [
     "BLAS_ROUTER",
     "BLAS_THREADS",
     "BLAS_TILE",
+    "GRAPH_CACHE",
     "KNOBS",
     "Knob",
     "KnobError",

@@ -18,20 +18,24 @@ HELP = "commands: /regenerate  /reset  /quit  (Ctrl-C stops an answer, Ctrl-D qu
 
 def add_arguments(p) -> None:
     """Add chat's arguments to its subparser."""
-    p.add_argument("graph", help="the .mlxg graph file (its tokenizer's chat template, or "
-                   "--chat-template's)")
+    p.add_argument("graph", help="the .mlxg graph file, or a model (a Hugging Face folder, Hub "
+                   "repo id or built-in name, exported once into the graph cache); its "
+                   "tokenizer's chat template is used, or --chat-template's")
     add_options(p, "chat")
 
 
 def run(args) -> int:
     """Chat until end of input; returns the exit code (0, 2 bad input, 3 the graph failed)."""
     from mlxgraph.interpreter.native.blas import BlasError, preload_blas
+    from mlxgraph.tools.model_graphs import ModelGraphError
 
     try:
         options = text_options(args)
         preload_blas()
     except (ToolError, BlasError) as e:
         return fail(f"chat: {e}")
+    except ModelGraphError as e:
+        return e.code
     from mlxgraph.generation.chat_session import ChatSession
     from mlxgraph.generation.sampling import make_sampler
     from mlxgraph.generation.text import stop_ids

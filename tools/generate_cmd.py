@@ -44,7 +44,8 @@ from mlxgraph.tools.text_options import open_session, template_stops, text_optio
 
 def add_arguments(p) -> None:
     """Add generate's arguments to its subparser."""
-    p.add_argument("graph", help="the .mlxg graph file")
+    p.add_argument("graph", help="the .mlxg graph file, or a model: a Hugging Face folder, "
+                   "Hub repo id or built-in name, exported once into the graph cache")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument(
         "--prompt",
@@ -94,6 +95,7 @@ def run(args) -> int:
     """Generate; returns the exit code (0 ok, 2 bad input, 3 the graph failed while running,
     130 interrupted)."""
     from mlxgraph.interpreter.native.blas import BlasError, preload_blas
+    from mlxgraph.tools.model_graphs import ModelGraphError
 
     try:
         if args.system_prompt is not None and args.ignore_chat_template:
@@ -106,6 +108,8 @@ def run(args) -> int:
         blas = preload_blas()  # before anything imports mlx
     except (ToolError, BlasError) as e:
         return fail(f"generate: {e}")
+    except ModelGraphError as e:
+        return e.code
     return _run(args, options, blas)
 
 
@@ -248,6 +252,7 @@ def _run(args, options, blas) -> int:
             {
                 **json_header({"file": program.graph}),
                 "graph": str(args.graph),
+                "model": args.model,  # the model name given instead of a graph, or None
                 "prompt_ids": list(ids),
                 "token_ids": tokens,
                 "text": body,

@@ -13,7 +13,8 @@ INSTALL_HINT = "needs starlette and uvicorn: pip install 'mlxgraph[serve]'"
 
 def add_arguments(p) -> None:
     """Add serve's arguments to its subparser."""
-    p.add_argument("graph", help="the .mlxg graph file")
+    p.add_argument("graph", help="the .mlxg graph file, or a model: a Hugging Face folder, "
+                   "Hub repo id or built-in name, exported once into the graph cache")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=non_negative_int, default=8080,
                    help="port (default 8080; 0 picks a free one, printed at start)")
@@ -43,10 +44,12 @@ def serve_options(args):
     Raises:
         ToolError: naming the flag, or a graph path or --tokenizer folder that is not one.
     """
+    from mlxgraph.tools.model_graphs import use_model_graph
     from mlxgraph.tools.text_options import GraphSource, sampling_defaults, session_options
 
     session = session_options(args)
     sampling = sampling_defaults(args, SERVE_SAMPLING)
+    use_model_graph(args)  # (a model folder, repo id or built-in: its cached graph)
     source = GraphSource.of(args)
     source.check()
     return ServeOptions(source, session, max_tokens=args.max_tokens,
@@ -59,9 +62,10 @@ def run(args) -> int:
     import importlib.util
     import logging
     import sys
-    from pathlib import Path
 
     from mlxgraph.interpreter.native.blas import BlasError, preload_blas
+    from mlxgraph.tools.model_graphs import ModelGraphError
+    from mlxgraph.tools.model_graphs import model_id as graph_model_id
 
     if any(importlib.util.find_spec(m) is None for m in ("starlette", "uvicorn")):
         return fail(f"serve: {INSTALL_HINT}")
@@ -70,6 +74,8 @@ def run(args) -> int:
         preload_blas()
     except (ToolError, BlasError) as e:
         return fail(f"serve: {e}")
+    except ModelGraphError as e:
+        return e.code
     from mlxgraph.tools.generate_report import approximation_lines
     from mlxgraph.tools.serve.scheduler import Scheduler
     from mlxgraph.tools.serve.server import bind, serve
@@ -88,6 +94,6 @@ def run(args) -> int:
     except OSError as e:
         scheduler.close()
         return fail(f"serve: cannot listen on {args.host}:{args.port} ({e.strerror or e})")
-    model_id = args.model_id or Path(args.graph).name.removesuffix(".mlxg")
+    model_id = args.model_id or graph_model_id(args)
     return serve(scheduler, sock, model_id, float(args.shutdown_timeout),
                  tokenize_timeout=args.tokenize_timeout)

@@ -177,9 +177,12 @@ def text_options(args) -> TextOptions:
         ToolError: naming the flag (a bad value, an empty --stop), or a graph path that is
             not a graph file, or a --tokenizer that is not a folder.
     """
+    from mlxgraph.tools.model_graphs import use_model_graph
+
     session, sampling = session_options(args), sampling_options(args)
     if not all(args.stop):
         raise ToolError("--stop: a stop string must not be empty")
+    use_model_graph(args)  # (a model folder, repo id or built-in: its cached graph)
     source = GraphSource.of(args)
     source.check()
     return TextOptions(source, session, sampling)
