@@ -7,10 +7,13 @@ byte vocabulary) so exporting one takes a few seconds. torch runs one thread per
 
 import json
 import os
+import tempfile
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# A command given a model exports it into the graph cache: never the user's own.
+os.environ.setdefault("MLXGRAPH_GRAPH_CACHE", tempfile.mkdtemp(prefix="mlxgraph-test-graphs-"))
 # make test runs one pytest-xdist worker per CPU: one BLAS thread each, or the workers'
 # BLAS threads (the default policy uses every CPU for large products) oversubscribe the
 # cores. Tests of the thread policy set their own value in a subprocess.

@@ -87,8 +87,8 @@ def test_what_the_path_really_is(tmp_path, graph):
     (tmp_path / "m.gguf").write_bytes(b"GGUF" + b"\0" * 60)
     # generate and the file-reading tools share the check: each case through one of them
     cases = [
-        (
-            "generate",
+        (   # (generate takes a model folder: tests/test_model_graphs.py)
+            "inspect",
             folder,
             "a model folder, not a regular file: export it first: mlxgraph export",
         ),
