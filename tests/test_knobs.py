@@ -25,6 +25,7 @@ INVALID = {
     "MLXGRAPH_QUANTIZED_KERNEL": "fast",
     "MLXGRAPH_QUANTIZED_THREADS": "0",
     "MLXGRAPH_TOKENIZER_DEADLINE": "-1",
+    "MLXGRAPH_GRAPH_CACHE": None,  # any folder name: a folder that cannot be written is the command's error
 }
 
 

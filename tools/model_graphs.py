@@ -27,6 +27,7 @@ from importlib import metadata
 from pathlib import Path
 
 from mlxgraph.interpreter.knobs import GRAPH_CACHE
+from mlxgraph.schema.errors import Error
 
 KEY_VERSION = 1
 _PACKAGE = Path(__file__).resolve().parent.parent  # the folder holding exporter/ and schema/
@@ -35,7 +36,7 @@ _CODE = ("exporter", "schema", "generated")
 _LIBRARIES = ("torch", "transformers", "safetensors")
 
 
-class ModelGraphError(Exception):
+class ModelGraphError(Error, RuntimeError):
     """The export into the cache failed; ``code`` is the export's exit code (its message
     is already on stderr)."""
 
