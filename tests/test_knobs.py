@@ -25,7 +25,7 @@ INVALID = {
     "MLXGRAPH_QUANTIZED_KERNEL": "fast",
     "MLXGRAPH_QUANTIZED_THREADS": "0",
     "MLXGRAPH_TOKENIZER_DEADLINE": "-1",
-    "MLXGRAPH_GRAPH_CACHE": None,  # any folder name: a folder that cannot be written is the command's error
+    "MLXGRAPH_GRAPH_CACHE": None,  # any folder name (an unwritable one: the command says so)
 }
 
 
