@@ -121,14 +121,13 @@ def graph_key(name: str, root: Path) -> str:
         index = json.loads(index_path.read_text())
     except (OSError, ValueError):
         index = {}
-    files = []
-    if folder is not None:
-        files = [[p.name, _file_hash(p, index)] for p in sorted(folder.iterdir()) if p.is_file()]
-    else:
-        files = [["builtin", name]]
-    tmp = index_path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(index))
-    os.replace(tmp, index_path)
+    known = len(index)
+    files = [["builtin", name]] if folder is None else [
+        [p.name, _file_hash(p, index)] for p in sorted(folder.iterdir()) if p.is_file()]
+    if len(index) != known:  # a file hashed now: remember it (a cached run writes nothing)
+        tmp = index_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(index))
+        os.replace(tmp, index_path)
     doc = {"v": KEY_VERSION, "code": _code_hash(), "libraries": _versions(), "files": files}
     return hashlib.blake2b(json.dumps(doc, sort_keys=True).encode(), digest_size=16).hexdigest()
 
