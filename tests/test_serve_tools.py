@@ -50,12 +50,12 @@ def test_parse_hermes_and_llama3_calls():
     names = {"get_weather"}
     content, calls = parse('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": '
                            '{"city": "Paris"}}\n</tool_call>', names, "hermes")
-    assert content == "Sure." and [json.loads(c["function"]["arguments"]) for c in calls] == [
+    assert content == "Sure." and [json.loads(c.function.arguments) for c in calls] == [
         {"city": "Paris"}]
     content, calls = parse('<|python_tag|>{"name": "get_weather", "parameters": {"city": '
                            '"a;b"}}; {"name": "get_weather", "parameters": {}}', names, "llama3")
     assert content is None and len(calls) == 2
-    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "a;b"}
+    assert json.loads(calls[0].function.arguments) == {"city": "a;b"}
     for text, style in [('{"name": "other", "parameters": {}}', "llama3"),
                         ('hi {"name": "get_weather", "parameters": {}}', "llama3"),
                         ("<tool_call>\n{broken\n</tool_call>", "hermes"),

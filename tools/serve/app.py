@@ -25,10 +25,11 @@ from mlxgraph.tools.serve.job import Job
 from mlxgraph.tools.serve.metrics import Metrics
 from mlxgraph.tools.serve.openai_requests import RequestError, parse_chat, parse_completion
 from mlxgraph.tools.serve.openai_responses import ResponseBuilder
-from mlxgraph.tools.serve.relay import GONE, Relay, error_response
+from mlxgraph.tools.serve.relay import GONE, Relay, error_doc, error_response
 from mlxgraph.tools.serve.request_grammar import Grammars
 from mlxgraph.tools.serve.request_json import parse_json
 from mlxgraph.tools.serve.request_tokens import RequestTokens
+from mlxgraph.tools.serve.response_models import ModelCard, ModelList
 from mlxgraph.tools.serve.tool_calls import grammar as tool_grammar
 from mlxgraph.tools.serve.tool_calls import style_of
 
@@ -69,10 +70,9 @@ class Handlers:
     async def health(self, request):
         return JSONResponse({"status": "ok"})
 
-    def model_doc(self) -> dict:
+    def model_card(self) -> ModelCard:
         """The served model as /v1/models lists it."""
-        return {"id": self.model_id, "object": "model", "created": self.created,
-                "owned_by": "mlxgraph"}
+        return ModelCard(id=self.model_id, created=self.created, owned_by="mlxgraph")
 
     def check_model(self, model) -> None:
         """Raises RequestError (404, model_not_found) unless ``model`` is None or ours."""
@@ -86,7 +86,7 @@ class Handlers:
         return await read_body(request)
 
     async def models(self, request):
-        return JSONResponse({"object": "list", "data": [self.model_doc()]})
+        return JSONResponse(ModelList(data=[self.model_card()]).dump())
 
     async def stats(self, request):
         return JSONResponse(self.scheduler.stats())
@@ -206,16 +206,15 @@ async def _server_error(request, exc):
     """Whatever a handler did not expect: a JSON 500, never starlette's plain text."""
     log.error("%s %s failed: %s: %s", request.method, request.url.path,
               type(exc).__name__, exc, exc_info=exc)
-    return JSONResponse({"error": {"message": f"internal error: {type(exc).__name__}",
-                                   "type": "server_error", "param": None, "code": None}},
-                        status_code=500)
+    error = RequestError(f"internal error: {type(exc).__name__}", status=500,
+                         kind="server_error")
+    return JSONResponse(error_doc(error), status_code=500)
 
 
 async def _http_error(request, exc):
     kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
-    return JSONResponse({"error": {"message": f"{request.method} {request.url.path}: "
-                                   f"{exc.detail}", "type": kind, "param": None,
-                                   "code": None}}, status_code=exc.status_code)
+    error = RequestError(f"{request.method} {request.url.path}: {exc.detail}", kind=kind)
+    return JSONResponse(error_doc(error), status_code=exc.status_code)
 
 
 def build_app(scheduler, model_id: str, lifespan=None, tokenize_timeout: float = 5.0):

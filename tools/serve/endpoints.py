@@ -10,6 +10,7 @@ from mlxgraph.tools.serve.openai_requests import parse_chat, parse_completion
 from mlxgraph.tools.serve.relay import error_response
 from mlxgraph.tools.serve.request_fields import RequestError, is_int
 from mlxgraph.tools.serve.request_json import parse_json
+from mlxgraph.tools.serve.response_models import Detokenized, Tokenized
 
 TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "chat_template_kwargs"})
 MAX_DETOKENIZE = 1 << 20  # token ids one /detokenize may ask for
@@ -27,7 +28,7 @@ class Endpoints:
             return error_response(RequestError(f"model {name!r} does not exist here; this "
                                                f"server runs {h.model_id!r}", "model",
                                                status=404, code="model_not_found"))
-        return JSONResponse(h.model_doc())
+        return JSONResponse(h.model_card().dump())
 
     async def metrics_text(self, request):
         return Response(self.metrics.text(),
@@ -57,8 +58,8 @@ class Endpoints:
             ids = (await h.tokens.ids(req))[0]
         except RequestError as e:
             return error_response(e)
-        return JSONResponse({"tokens": ids, "count": len(ids),
-                             "max_model_len": h.info.capacity})
+        return JSONResponse(Tokenized(tokens=ids, count=len(ids),
+                                      max_model_len=h.info.capacity).dump())
 
     async def detokenize(self, request):
         """{"tokens": [ids]} -> {"prompt": text}."""
@@ -80,7 +81,7 @@ class Endpoints:
             text = await h.tokens.decode(ids, "tokens")
         except RequestError as e:
             return error_response(e)
-        return JSONResponse({"prompt": text})
+        return JSONResponse(Detokenized(prompt=text).dump())
 
 
 __all__ = ["Endpoints"]

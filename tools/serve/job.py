@@ -12,6 +12,8 @@ text it completed, maybe ''; ``logprob`` None or (logprob, [(id, logprob), ...])
 import itertools
 import time
 
+from mlxgraph.tools.serve.openai_responses import usage
+
 _ids = itertools.count(1)
 
 
@@ -63,14 +65,9 @@ class Job:
         """True once the prompt is in and tokens are coming."""
         return self.y is not None
 
-    def usage(self) -> dict:
-        """OpenAI's usage block, with the prompt tokens a kept session supplied."""
-        return {
-            "prompt_tokens": len(self.ids),
-            "completion_tokens": len(self.tokens),
-            "total_tokens": len(self.ids) + len(self.tokens),
-            "prompt_tokens_details": {"cached_tokens": self.cached},
-        }
+    def usage(self):
+        """OpenAI's usage block (a Usage), with the prompt tokens a kept session supplied."""
+        return usage(len(self.ids), len(self.tokens), self.cached)
 
     def release(self) -> None:
         """Drop the run state (the session's memory goes with it)."""

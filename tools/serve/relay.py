@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from mlxgraph.tools.serve.openai_responses import total_usage
 from mlxgraph.tools.serve.request_fields import RequestError
+from mlxgraph.tools.serve.response_models import ErrorBody, ErrorDetail
 from mlxgraph.tools.serve.tool_calls import parse
 
 log = logging.getLogger("mlxgraph.serve")
@@ -20,7 +21,13 @@ GONE = 499  # the client went away: nobody reads this status
 def error_response(e: RequestError, retry_after: int = 1) -> JSONResponse:
     """The OpenAI error document of ``e`` with its status (and Retry-After on 429/503)."""
     headers = {"Retry-After": str(retry_after)} if e.status in (429, 503) else None
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+    return JSONResponse(error_doc(e), status_code=e.status, headers=headers)
+
+
+def error_doc(e: RequestError) -> dict:
+    """OpenAI's error document of ``e``: {"error": {"message", "type", "param", "code"}}."""
+    return ErrorBody(error=ErrorDetail(message=e.message, type=e.kind, param=e.param,
+                                       code=e.code)).dump()
 
 
 def _event_error(event) -> RequestError:
@@ -137,7 +144,7 @@ class Relay:
                 else:
                     done = True
                     self.cancel()  # the request's other choices
-                    yield _sse(_event_error(event).body())
+                    yield _sse(error_doc(_event_error(event)))
                     yield "data: [DONE]\n\n"
                     return
                 item = await self.queue.get()

@@ -13,7 +13,8 @@ MAX_TOKEN_ID = MAX_COUNT
 
 
 class RequestError(Error):
-    """A request refused with an HTTP status and an OpenAI-style error body.
+    """A request refused with an HTTP status and an OpenAI-style error body
+    (relay.error_doc).
 
     Args:
         message: one line naming what is wrong.
@@ -26,11 +27,6 @@ class RequestError(Error):
         super().__init__(message)
         self.message, self.param, self.status, self.code, self.kind = (
             message, param, status, code, kind)
-
-    def body(self) -> dict:
-        """The error document: {"error": {"message", "type", "param", "code"}}."""
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code}}
 
 
 def is_int(v) -> bool:

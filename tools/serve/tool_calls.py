@@ -13,6 +13,8 @@ import json
 import re
 import uuid
 
+from mlxgraph.tools.serve.response_models import Function, ToolCall
+
 BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
@@ -22,7 +24,7 @@ def style_of(template: str | None) -> str:
 
 
 def parse(text: str, names, style: str):
-    """(content or None, [OpenAI tool call]) of an answer; ([] calls: the text as it is)."""
+    """(content or None, [ToolCall]) of an answer; ([] calls: the text as it is)."""
     if style == "hermes":
         bodies = BLOCK.findall(text)
         rest = BLOCK.sub("", text).strip()
@@ -34,9 +36,9 @@ def parse(text: str, names, style: str):
         found, rest = _json_calls(body, names), ""
     if not found or any(c is None for c in found):
         return text, []
-    return rest or None, [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                           "function": {"name": name, "arguments": json.dumps(
-                               arguments, ensure_ascii=False)}} for name, arguments in found]
+    return rest or None, [ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=Function(
+        name=name, arguments=json.dumps(arguments, ensure_ascii=False)))
+        for name, arguments in found]
 
 
 def grammar(tools: list, choice: str, style: str) -> tuple:
