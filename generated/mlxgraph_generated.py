@@ -5860,8 +5860,15 @@ class LayerCache(object):
             return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
         return 0
 
+    # LayerCache
+    def ValuesInKeys(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
+        return False
+
 def LayerCacheStart(builder):
-    builder.StartObject(6)
+    builder.StartObject(7)
 
 def LayerCacheAddLayerId(builder, layerId):
     builder.PrependInt32Slot(0, layerId, None)
@@ -5880,6 +5887,9 @@ def LayerCacheAddSlidingWindow(builder, slidingWindow):
 
 def LayerCacheAddAttentionChunk(builder, attentionChunk):
     builder.PrependInt32Slot(5, attentionChunk, 0)
+
+def LayerCacheAddValuesInKeys(builder, valuesInKeys):
+    builder.PrependBoolSlot(6, valuesInKeys, 0)
 
 def LayerCacheEnd(builder):
     return builder.EndObject()

@@ -131,6 +131,7 @@ def metadata(b, m) -> int:
         fb.LayerCacheAddVHeadDim(b, lc.v_head_dim)
         fb.LayerCacheAddSlidingWindow(b, lc.sliding_window)
         fb.LayerCacheAddAttentionChunk(b, lc.attention_chunk)
+        fb.LayerCacheAddValuesInKeys(b, lc.values_in_keys)  # false: not written (format 1.2)
         layers.append(fb.LayerCacheEnd(b))
     layers_vec = vector(b, "ModelMetadata", "layers", layers)
     extra = []

@@ -169,7 +169,7 @@ class GraphFile:
             layers.append(
                 LayerCacheInfo(
                     lc.LayerId(), lc.KvHeads(), lc.HeadDim(), lc.VHeadDim(), lc.SlidingWindow(),
-                    lc.AttentionChunk(),
+                    lc.AttentionChunk(), lc.ValuesInKeys(),
                 )
             )
         raw = {_str(m.Extra(i).Key()): _str(m.Extra(i).Value()) for i in range(m.ExtraLength())}

@@ -131,7 +131,9 @@ class ConstantInfo:
 @dataclass(frozen=True)
 class LayerCacheInfo:
     """KV-cache geometry of one attention layer (sliding_window 0 = full attention;
-    attention_chunk C > 0 = chunked local attention, a query sees its own chunk of C)."""
+    attention_chunk C > 0 = chunked local attention, a query sees its own chunk of C;
+    values_in_keys: latent attention, each value is the first v_head_dim columns of its key,
+    and the cache holds the keys alone; format 1.3)."""
 
     layer_id: int
     kv_heads: int
@@ -139,6 +141,7 @@ class LayerCacheInfo:
     v_head_dim: int
     sliding_window: int = 0
     attention_chunk: int = 0
+    values_in_keys: bool = False
 
 
 @dataclass(frozen=True)

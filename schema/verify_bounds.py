@@ -93,7 +93,8 @@ def default_element_limit(g) -> int:
     if meta is not None:
         context = min(max(meta.max_context, 0), MAX_DIM)
         for lc in meta.layers or ():
-            per_step += lc.kv_heads * (lc.head_dim + lc.v_head_dim) * context
+            width = lc.head_dim + (0 if lc.values_in_keys else lc.v_head_dim)
+            per_step += lc.kv_heads * width * context
         per_step += context * min(max(meta.vocab_size, 0), MAX_DIM)
     return max(MIN_ELEMENT_LIMIT,
                min(_ALLOWANCE * (constants + per_step), MAX_DEFAULT_ELEMENT_LIMIT))

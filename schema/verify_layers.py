@@ -5,7 +5,8 @@ program builds one store per id from the metadata's geometry for it. So each id 
 by one node only (two nodes writing one cache would interleave their histories), has an
 entry in ``metadata.layers``, and is an int in [0, 2**31 - 1] (the key of a saved cache
 file's layer, ``layer.<id>.keys``). ``verify`` makes these checks so that no file it calls
-valid is refused by ``load`` (tests/test_verify_load_parity.py).
+valid is refused by ``load`` (tests/test_verify_load_parity.py). A latent-attention layer
+(format 1.3, ``values_in_keys``) reads its values from its keys: its node's v is its k.
 """
 
 from mlxgraph.schema.errors import GraphFormatError
@@ -21,12 +22,12 @@ def check_layers(g) -> None:
     Args:
         g: the Graph record (already checked by verify_semantics).
     """
-    known = set()
+    known = {}
     for i, lc in enumerate(g.metadata.layers or () if g.metadata is not None else ()):
         if not 0 <= lc.layer_id <= MAX_LAYER_ID:
             raise GraphFormatError(f"layer_id {lc.layer_id} is not in [0, {MAX_LAYER_ID}]",
                                    field=f"metadata.layers[{i}]")
-        known.add(lc.layer_id)
+        known[lc.layer_id] = lc
     specs = op_specs()
     used = {}
     for i, node in enumerate(g.chains[0].nodes):
@@ -44,3 +45,19 @@ def check_layers(g) -> None:
                 f"layer_id {lid} has no cache geometry in the metadata (metadata.layers)",
                 node=i, field=field)
         used[lid] = i
+        if known[lid].values_in_keys:
+            _check_values_in_keys(g, t, known[lid], i, specs[code].short_name)
+
+
+def _check_values_in_keys(g, t, lc, i: int, name: str) -> None:
+    """A latent-attention layer (format 1.3) reads its values from its keys: the node's v
+    is its k slot, and an output whose last axis is static is v_head_dim wide."""
+    if t.v != t.k:
+        raise GraphFormatError(
+            f"layer_id {lc.layer_id} keeps its values in its keys (values_in_keys): v must be "
+            f"the k slot {t.k}, got {t.v}", node=i, field=f"{name}.v")
+    last = g.tensors[t.out].shape[-1] if g.tensors[t.out].shape else None
+    if last is not None and last.symbol == -1 and last.size != lc.v_head_dim:
+        raise GraphFormatError(
+            f"layer_id {lc.layer_id}: the output's last axis is {last.size}, its values are "
+            f"v_head_dim {lc.v_head_dim} wide", node=i, field=f"{name}.out")

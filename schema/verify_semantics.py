@@ -138,6 +138,11 @@ def _layers(layers) -> None:
         sizes = (lc.kv_heads, lc.head_dim, lc.v_head_dim)
         if min(sizes) < 1 or min(lc.sliding_window, lc.attention_chunk) < 0:
             raise GraphFormatError("cache geometry must be positive", field=f"metadata.layers[{i}]")
+        if lc.values_in_keys and lc.v_head_dim > lc.head_dim:
+            # Format 1.3 (latent attention): the values are a prefix of each stored key row.
+            raise GraphFormatError(
+                f"values_in_keys: v_head_dim {lc.v_head_dim} is wider than the keys' head_dim "
+                f"{lc.head_dim}", field=f"metadata.layers[{i}]")
 
 
 def _constants(g, constants, deep) -> set:

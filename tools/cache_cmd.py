@@ -83,7 +83,8 @@ def _print_view(path, view: dict) -> None:
     print(
         f"{path}: {view['length']} tokens, {len(view['layers'])} layers, "
         f"{human_bytes(view['bytes'])} of KV "
-        f"({human_bytes(view['file_bytes'])} file)"
+        f"({human_bytes(view['file_bytes'])} file), "
+        f"{view['bytes_per_token']} bytes per token"
     )
     print(f"graph        {view['graph'][:16]}  (fingerprint of the graph it was saved from)")
     bits = p.get("kv_bits")
@@ -98,7 +99,7 @@ def _print_view(path, view: dict) -> None:
         print(f"approximation: full-attention layer {lid} keeps only the last {w} tokens")
     print(
         f"{'layer':>5}  {'kind':<12} {'positions':>13} {'tokens':>7} {'window':>6} {'slots':>6}  "
-        f"{'storage':<12} {'bytes':>10}"
+        f"{'storage':<12} {'bytes':>10} {'per token':>9}"
     )
     for la in view["layers"]:
         if "shape" in la:  # a recurrent state: no positions, one tensor
@@ -106,11 +107,14 @@ def _print_view(path, view: dict) -> None:
                   f"{la['dtype']:<12} {human_bytes(la['bytes']):>10}  state {la['shape']}")
             continue
         kind = la["kind"] + (" wrapped" if la["wrapped"] else "")
+        # A latent-attention layer holds its keys alone (each value is its key's prefix).
+        latent = "  keys only (latent)" if la["values_in_keys"] else ""
         span = f"{la['first_position']}..{la['length'] - 1}" if la["tokens"] else "-"
         print(
             f"{la['layer']:>5}  {kind:<12} {span:>13} {la['tokens']:>7} "
             f"{la['window'] or 'full':>6} "
-            f"{la['slots']:>6}  {_storage(la):<12} {human_bytes(la['bytes']):>10}"
+            f"{la['slots']:>6}  {_storage(la):<12} {human_bytes(la['bytes']):>10} "
+            f"{la['bytes_per_token'] or '-':>9}{latent}"
         )
 
 

@@ -23,6 +23,7 @@ def file_view(cache) -> dict:
             continue
         bits = cache.policy.get("kv_bits") or 0
         length, oldest = info.get("length", 0), info.get("oldest", 0)
+        slots = info.get("slots") or 0
         layers.append(
             {
                 "layer": lid,
@@ -37,6 +38,9 @@ def file_view(cache) -> dict:
                 "dtype": None if bits else info.get("dtype"),
                 "bits": bits,
                 "group_size": cache.policy.get("kv_group_size") if bits else None,
+                # Latent attention (format 1.3): keys alone, each value its key's prefix.
+                "values_in_keys": "value_width" in info,
+                "bytes_per_token": cache.layer_bytes(lid) // slots if slots else None,
                 "bytes": cache.layer_bytes(lid),
             }
         )
@@ -47,9 +51,15 @@ def file_view(cache) -> dict:
         "approximations": cache.approximations,
         "tokens_recorded": cache.tokens is not None,
         "bytes": sum(la["bytes"] for la in layers),
+        "bytes_per_token": _per_token(layers),
         "file_bytes": cache.nbytes,
         "layers": layers,
     }
+
+
+def _per_token(layers) -> int:
+    """What one more position costs over every KV layer (recurrent states cost none)."""
+    return sum(la.get("bytes_per_token") or 0 for la in layers)
 
 
 def layer_history(cache, lid: int) -> tuple[int, np.ndarray, np.ndarray]:
@@ -81,6 +91,8 @@ def layer_history(cache, lid: int) -> tuple[int, np.ndarray, np.ndarray]:
         elif info.get("dtype") == "bfloat16":
             rows = np.array(mx.array(rows).view(mx.bfloat16).astype(mx.float32))
         out.append(rows.astype(np.float32))
+    if "value_width" in info:  # latent attention: each value is its key's first columns
+        out.append(out[0][..., : info["value_width"]])
     return oldest, out[0], out[1]
 
 
@@ -90,7 +102,9 @@ def _check_room(cache, lid: int, n: int) -> None:
 
     room = allocatable_bytes()
     batch, heads, _, width = cache.shape(lid, "keys")
-    v_width = cache.shape(lid, "values")[3]
+    v_width = info_width = cache.layers[lid].get("value_width")
+    if info_width is None:
+        v_width = cache.shape(lid, "values")[3]
     # The file's bytes, the position-ordered rows, and their float32 values (dequantized:
     # up to 8 floats per 32-bit word at 4 bits).
     need = cache.layer_bytes(lid) + batch * heads * n * (width + v_width) * 4 * 9

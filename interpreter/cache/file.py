@@ -196,7 +196,8 @@ class CacheFile:
         out = {}
         state = self.layers[lid]["kind"] in STATE_KINDS
         try:
-            for name in ("state",) if state else ("keys", "values"):
+            names = ("keys",) if "value_width" in self.layers[lid] else ("keys", "values")
+            for name in ("state",) if state else names:
                 key = f"layer.{lid}.{name}"
                 if not bits or state:
                     out[name] = self._st.array(key)

@@ -19,6 +19,9 @@ _POLICY = {"capacity", "kv_dtype", "kv_bits", "kv_group_size", "windows", "preal
            "max_step"}
 _DOC = {"length", "policy", "tokens", "layers", "approximations"}
 _LAYER = {"kind", "length", "oldest", "batch", "dtype", "slots", "window", "modulus"}
+# A latent-attention layer (graph format 1.3) adds value_width: its values are the first
+# value_width columns of its keys, and the file holds no values tensor for it.
+_LATENT_LAYER = _LAYER | {"value_width"}
 # A recurrent state's layer (graph format 1.3; a kind older readers refuse by name).
 _STATE_LAYER = {"kind", "length", "shape", "dtype"}
 STATE_KINDS = ("conv_state", "ssm_state", "delta_state", "scan_state")
@@ -125,8 +128,11 @@ def _state_layer(lid, info, length: int) -> dict:
 def _layer(lid, info, length: int) -> dict:
     if isinstance(info, dict) and info.get("kind") in STATE_KINDS:
         return _state_layer(lid, info, length)
-    _exact_keys(info, _LAYER, f"layer {lid}")
+    latent = isinstance(info, dict) and "value_width" in info
+    _exact_keys(info, _LATENT_LAYER if latent else _LAYER, f"layer {lid}")
     what = f"layer {lid}"
+    if latent:
+        _int(info["value_width"], f"{what} value_width", 1)
     n, oldest, slots, modulus = (_int(info[k], f"{what} {k}") for k in
                                  ("length", "oldest", "slots", "modulus"))
     _int(info["window"], f"{what} window")
@@ -165,7 +171,7 @@ def check_tensors(layers: dict, bits: int, group: int, entries: dict) -> set:
         if not info["slots"]:
             continue
         heads = None
-        for which in ("keys", "values"):
+        for which in ("keys",) if "value_width" in info else ("keys", "values"):
             base = f"layer.{lid}.{which}"
             parts = [f"{base}.{p}" for p in PARTS] if bits else [base]
             want = ["U32", "F32", "F32"] if bits else [_STORED.get(info["dtype"])]

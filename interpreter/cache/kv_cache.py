@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from mlxgraph.interpreter.cache.kv_codec import quantization_problem
-from mlxgraph.interpreter.cache.store import FlatStore, KVStore, RingStore
+from mlxgraph.interpreter.cache.store import FlatStore, KVStore, RingStore, stored_dims
 from mlxgraph.interpreter.cache.types import CacheError, CachePolicy
 from mlxgraph.schema.records import LayerCacheInfo
 
@@ -50,6 +50,9 @@ def make_store(geometry: LayerCacheInfo, policy: CachePolicy) -> KVStore:
     for name in ("kv_heads", "head_dim", "v_head_dim"):
         if getattr(g, name) < 1:
             raise CacheError(f"{where}: {name} must be >= 1, got {getattr(g, name)}")
+    if g.values_in_keys and g.v_head_dim > g.head_dim:
+        raise CacheError(f"{where}: values in keys, but v_head_dim {g.v_head_dim} is wider "
+                         f"than head_dim {g.head_dim}")
     if g.sliding_window < 0 or p.window < 0:
         raise CacheError(f"{where}: windows must be >= 0 (0 = full), got {g.sliding_window}, "
                          f"{p.window}")
@@ -62,7 +65,7 @@ def make_store(geometry: LayerCacheInfo, policy: CachePolicy) -> KVStore:
         if p.kv_dtype is not None:
             raise CacheError(f"{where}: kv_bits={p.kv_bits} stores codes, it cannot also take "
                              f"kv_dtype {p.kv_dtype}")
-        problem = quantization_problem((g.head_dim, g.v_head_dim), p.kv_bits, p.kv_group_size)
+        problem = quantization_problem(stored_dims(g), p.kv_bits, p.kv_group_size)
         if problem:
             raise CacheError(f"{where}: {problem}")
     if g.attention_chunk < 0:

@@ -1,6 +1,7 @@
 """How a KV store holds one token's key or value row: as floats, or quantized.
 
-A store keeps K (and V) in one slot buffer ``[B, H, A, W]`` and moves whole slots around
+A store keeps K (and V, unless its values are a prefix of its keys: latent attention) in one
+slot buffer ``[B, H, A, W]`` and moves whole slots around
 (writes, ring rotation, growth, save). A codec turns a step's ``[B, H, T, D]`` rows into
 stored rows of width ``W`` and back, so the slot mechanics never see what a row holds.
 
@@ -24,8 +25,8 @@ class FloatCodec:
 
     bits = 0
 
-    def __init__(self, head_dim: int, v_head_dim: int, kv_dtype: mx.Dtype | None):
-        self.widths = (head_dim, v_head_dim)
+    def __init__(self, dims: tuple, kv_dtype: mx.Dtype | None):
+        self.widths = tuple(dims)
         self.storage_dtype = kv_dtype
 
     def encode(self, x: mx.array, dtype: mx.Dtype) -> mx.array:
@@ -42,9 +43,9 @@ class QuantizedCodec:
 
     storage_dtype = mx.uint32
 
-    def __init__(self, head_dim: int, v_head_dim: int, bits: int, group_size: int):
+    def __init__(self, dims: tuple, bits: int, group_size: int):
         self.bits, self.group_size = bits, group_size
-        self.dims = (head_dim, v_head_dim)
+        self.dims = tuple(dims)
         self.widths = tuple(packed_width(d, bits, group_size) for d in self.dims)
 
     def encode(self, x: mx.array, dtype: mx.Dtype) -> mx.array:
@@ -87,8 +88,9 @@ def quantization_problem(dims: tuple, bits: int, group_size: int) -> str | None:
     return None
 
 
-def make_codec(head_dim: int, v_head_dim: int, kv_dtype, kv_bits: int, group_size: int):
-    """The codec a policy asks for (the policy is already validated)."""
+def make_codec(dims: tuple, kv_dtype, kv_bits: int, group_size: int):
+    """The codec a policy asks for (the policy is already validated), for rows of ``dims``:
+    (head_dim, v_head_dim), or (head_dim,) for a store that keeps keys alone."""
     if kv_bits:
-        return QuantizedCodec(head_dim, v_head_dim, kv_bits, group_size)
-    return FloatCodec(head_dim, v_head_dim, kv_dtype)
+        return QuantizedCodec(dims, kv_bits, group_size)
+    return FloatCodec(dims, kv_dtype)

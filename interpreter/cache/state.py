@@ -46,9 +46,7 @@ class StoreState(ForksOnCopy):
     @property
     def nbytes(self) -> int:
         """Bytes held by the committed buffers (k + v, including unused slots)."""
-        if self._keys is None:
-            return 0
-        return self._keys.nbytes + self._values.nbytes
+        return sum(b.nbytes for b in (self._keys, self._values) if b is not None)
 
     def preallocation_elements(self) -> int:
         """Elements of k + v a preallocated store holds (batch 1, every slot; packed uint32
@@ -65,6 +63,16 @@ class StoreState(ForksOnCopy):
         """``nbytes / tokens_held`` (0.0 when empty): slack of a preallocated store shows."""
         held = self.tokens_held
         return self.nbytes / held if held else 0.0
+
+    @property
+    def row_bytes(self) -> int | None:
+        """What one position costs in this store: its key and value rows over every head
+        (the key alone for latent attention), in the storage dtype or packed quantized
+        words; None before the first step of a store whose dtype is the compute dtype."""
+        if self._dtype is None:
+            return None
+        itemsize = np.dtype(_NUMPY[self._dtype]).itemsize
+        return self.geometry.kv_heads * sum(self._codec.widths) * itemsize
 
     def fork(self):
         """An independent store with the same committed history (buffers shared until written).
@@ -98,6 +106,8 @@ class StoreState(ForksOnCopy):
             else None,
             "bits": codec.bits,
             "group_size": codec.group_size if codec.bits else None,
+            "values_in_keys": self.geometry.values_in_keys,
+            "bytes_per_token": self.row_bytes,
             "bytes": self.nbytes,
         }
 
@@ -130,12 +140,16 @@ class StoreState(ForksOnCopy):
             "window": self.window,
             "modulus": self._slots,
         }
+        if self.geometry.values_in_keys:
+            # Latent attention: no values tensor, each value being its key's first columns
+            # (a reader without this key refuses the layer in one line).
+            info["value_width"] = self.geometry.v_head_dim
         n = self._live_slots()
         if self._keys is None or n == 0:  # (a flat store trimmed to 0 keeps its buffer)
             return info, {}
         info["slots"] = n
         arrays = {}
-        for name, buf in (("keys", self._keys), ("values", self._values)):
+        for name, buf in zip(self.snapshot_names, (self._keys, self._values)):
             part = buf[:, :, :n, :]
             if part.dtype == mx.bfloat16:
                 part = part.view(mx.uint16)
@@ -153,7 +167,7 @@ class StoreState(ForksOnCopy):
         n = info.get("slots") or 0
         if n > self._slots:
             raise self._error(f"the snapshot's {n} slots do not fit {self._slots} slots")
-        for name, width in zip(("keys", "values"), self._codec.widths):
+        for name, width in zip(self.snapshot_names, self._codec.widths):
             want = (info.get("batch"), self.geometry.kv_heads, n, width)
             if n and tuple(shapes.get(name, ())) != want:
                 raise self._error(
@@ -180,7 +194,8 @@ class StoreState(ForksOnCopy):
             # and the buffer gets the size this store's growth policy gives that length.
             size = self._alloc_size(keys.shape[2])
             keys = grown(keys, (*keys.shape[:2], size, keys.shape[3]), dtype)
-            values = grown(values, (*values.shape[:2], size, values.shape[3]), dtype)
+            if values is not None:
+                values = grown(values, (*values.shape[:2], size, values.shape[3]), dtype)
         self.length, self._oldest, self._dtype, self._batch, self._keys, self._values = (
             length,
             oldest,
@@ -195,6 +210,10 @@ class StoreState(ForksOnCopy):
             raise self._error(
                 f"the snapshot is of a {info.get('kind')!r} store, this is a {self.kind!r} store"
             )
+        width = self.geometry.v_head_dim if self.geometry.values_in_keys else None
+        if info.get("value_width") != width:
+            raise self._error(f"the snapshot's values are {_values_kind(info.get('value_width'))}"
+                              f", this store's are {_values_kind(width)}")
         if (info.get("modulus"), info.get("window")) != (self._slots, self.window):
             raise self._error(
                 f"the snapshot's ring of {info.get('modulus')} slots, window {info.get('window')} "
@@ -235,7 +254,7 @@ class StoreState(ForksOnCopy):
             raise self._error("the snapshot's batch must be an int >= 1 and its dtype known")
         heads, widths = self.geometry.kv_heads, self._codec.widths
         bufs = []
-        for name, width in zip(("keys", "values"), widths):
+        for name, width in zip(self.snapshot_names, widths):
             arr = arrays.get(name)
             want = (batch, heads, n, width)
             if not isinstance(arr, np.ndarray) or arr.shape != want or arr.dtype != _NUMPY[dtype]:
@@ -247,4 +266,9 @@ class StoreState(ForksOnCopy):
                 raise self._error(f"snapshot {name}: expected {want} {_NUMPY[dtype]}, got {got}")
             buf = mx.array(arr)
             bufs.append(buf.view(mx.bfloat16) if dtype == mx.bfloat16 else buf)
-        return length, oldest, dtype, batch, bufs[0], bufs[1]
+        return length, oldest, dtype, batch, bufs[0], bufs[1] if len(bufs) > 1 else None
+
+
+def _values_kind(width) -> str:
+    """How a snapshot holds its values, as a refusal says it."""
+    return "a tensor of their own" if width is None else f"the first {width} columns of its keys"

@@ -14,6 +14,10 @@ Two stores share one slot mechanism (position ``p`` lives in slot ``p % slots``)
 ``max_step`` tokens to write in place without overwriting a key its own earlier queries
 still need. A larger step is linearised (history and new keys concatenated in order)
 and the ring rebuilt from the result, so it is slower but still exact.
+
+A latent-attention layer (``values_in_keys``, format 1.3: MLA's absorbed form) stores its
+keys alone: each value is the first ``v_head_dim`` columns of its key, so ``update`` returns
+a view of the keys as the values and every buffer of values below is None.
 """
 
 from __future__ import annotations
@@ -36,6 +40,19 @@ from mlxgraph.schema.records import LayerCacheInfo
 _FIRST_ALLOC = 256  # dynamic stores start here (or at the first step's size) and double
 
 
+def stored_dims(geometry: LayerCacheInfo) -> tuple:
+    """The row widths a store keeps per position and head: (head_dim, v_head_dim), or
+    (head_dim,) when the values are a prefix of the keys (latent attention)."""
+    if geometry.values_in_keys:
+        return (geometry.head_dim,)
+    return (geometry.head_dim, geometry.v_head_dim)
+
+
+def _maybe(fn, x):
+    """``fn(x)``, or None for a store's absent values buffer."""
+    return None if x is None else fn(x)
+
+
 class KVStore(StoreState):
     """History of one layer's keys and values; see the module docstring for the protocol.
 
@@ -51,8 +68,11 @@ class KVStore(StoreState):
         self.window = window
         self.chunk = geometry.attention_chunk
         self._slots = slots  # slot modulus, and the most slots ever allocated
-        self._codec = make_codec(geometry.head_dim, geometry.v_head_dim, policy.kv_dtype,
-                                 policy.kv_bits, policy.kv_group_size)
+        # The tensors a snapshot (and a saved file) holds per layer: keys alone for latent
+        # attention, whose values are read from them.
+        self.snapshot_names = ("keys", "values")[:len(stored_dims(geometry))]
+        self._codec = make_codec(stored_dims(geometry), policy.kv_dtype, policy.kv_bits,
+                                 policy.kv_group_size)
         self.reset()
 
     # -- protocol ---------------------------------------------------------------------
@@ -110,6 +130,10 @@ class KVStore(StoreState):
         compute = k.dtype
         dtype = self._dtype if self._dtype is not None else compute
         codec = self._codec
+        if self.geometry.values_in_keys:
+            keys, _, mask, self._staged = self._stage(codec.encode(k, dtype), None, dtype)
+            keys = codec.decode(keys, 0, compute)
+            return keys, keys[..., : self.geometry.v_head_dim], mask
         keys, values, mask, self._staged = self._stage(codec.encode(k, dtype),
                                                        codec.encode(v, dtype), dtype)
         return codec.decode(keys, 0, compute), codec.decode(values, 1, compute), mask
@@ -169,7 +193,7 @@ class KVStore(StoreState):
     @property
     def state(self) -> tuple[mx.array, ...]:
         """The committed buffers, e.g. for ``mx.async_eval(out, *store.state)``."""
-        return () if self._keys is None else (self._keys, self._values)
+        return tuple(b for b in (self._keys, self._values) if b is not None)
 
     # -- internals --------------------------------------------------------------------
 
@@ -184,11 +208,12 @@ class KVStore(StoreState):
         if k.ndim != 4 or v.ndim != 4:
             raise self._error(f"k and v must be 4-D [B, H, T, D], got {k.shape} and {v.shape}")
         want_k = (g.kv_heads, g.head_dim)
-        want_v = (g.kv_heads, g.v_head_dim)
+        # Latent attention's node names its keys as v too (the values are read from them).
+        want_v = want_k if g.values_in_keys else (g.kv_heads, g.v_head_dim)
         if (k.shape[1], k.shape[3]) != want_k or (v.shape[1], v.shape[3]) != want_v:
             raise self._error(
                 f"expected k [B, {g.kv_heads}, T, {g.head_dim}] and v [B, {g.kv_heads}, T, "
-                f"{g.v_head_dim}], got {k.shape} and {v.shape}"
+                f"{want_v[1]}], got {k.shape} and {v.shape}"
             )
         if k.shape[0] != v.shape[0] or k.shape[2] != v.shape[2]:
             raise self._error(f"k {k.shape} and v {v.shape} disagree on B or T")
@@ -208,11 +233,13 @@ class KVStore(StoreState):
             return self._slots
         return min(self._slots, max(needed, 2 * have, _FIRST_ALLOC))
 
-    def _buffers(self, batch: int, size: int, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
-        heads, (kw, vw) = self.geometry.kv_heads, self._codec.widths
-        keys = grown(self._keys, (batch, heads, size, kw), dtype)
-        values = grown(self._values, (batch, heads, size, vw), dtype)
-        return keys, values
+    def _buffers(self, batch: int, size: int, dtype: mx.Dtype) -> tuple:
+        """The key and value buffers grown to ``size`` slots (values None: keys alone)."""
+        heads, widths = self.geometry.kv_heads, self._codec.widths
+        keys = grown(self._keys, (batch, heads, size, widths[0]), dtype)
+        if len(widths) == 1:
+            return keys, None
+        return keys, grown(self._values, (batch, heads, size, widths[1]), dtype)
 
     def _stage(self, k: mx.array, v: mx.array, dtype: mx.Dtype):
         """Build the staged state and the attention inputs; k/v already in storage dtype."""
@@ -223,16 +250,14 @@ class KVStore(StoreState):
             return self._stage_linear(k, v, dtype)
         buf_k, buf_v = self._buffers(k.shape[0], self._alloc_size(min(slots, end)), dtype)
         buf_k = write_slots(buf_k, k, start, slots)
-        buf_v = write_slots(buf_v, v, start, slots)
+        buf_v = _maybe(lambda b: write_slots(b, v, start, slots), buf_v)
         oldest = max(self._oldest, end - slots)
         first = max(oldest, first_needed)
         lo = first % slots
         if lo + (end - first) <= buf_k.shape[2]:
             # The keys the step needs sit in order in one run of slots: a view.
-            keys, values = (
-                buf_k[:, :, lo : lo + end - first, :],
-                buf_v[:, :, lo : lo + end - first, :],
-            )
+            keys = buf_k[:, :, lo : lo + end - first, :]
+            values = _maybe(lambda b: b[:, :, lo : lo + end - first, :], buf_v)
             mask = ordered_mask(first, end - first, start, t, w, self.chunk)
         else:
             keys, values = buf_k, buf_v
@@ -248,8 +273,9 @@ class KVStore(StoreState):
         first = max(0, start - w + 1)
         if start > first:
             old_k = read_slots(self._keys, first, start - first, slots)
-            old_v = read_slots(self._values, first, start - first, slots)
-            k, v = mx.concatenate([old_k, k], axis=2), mx.concatenate([old_v, v], axis=2)
+            k = mx.concatenate([old_k, k], axis=2)
+            v = _maybe(lambda x: mx.concatenate(
+                [read_slots(self._values, first, start - first, slots), x], axis=2), v)
         mask = ordered_mask(first, end - first, start, t, w, self.chunk)
         # The last `slots` positions become the ring: rotate them so that position p
         # sits in slot p % slots. The concatenation makes fresh contiguous buffers, so
@@ -257,8 +283,11 @@ class KVStore(StoreState):
         oldest = end - slots
         shift = oldest % slots
         cut = end - first - shift
-        buf_k = mx.concatenate([k[:, :, cut:, :], k[:, :, end - first - slots : cut, :]], axis=2)
-        buf_v = mx.concatenate([v[:, :, cut:, :], v[:, :, end - first - slots : cut, :]], axis=2)
+        def rotated(x):
+            return mx.concatenate([x[:, :, cut:, :], x[:, :, end - first - slots : cut, :]],
+                                  axis=2)
+
+        buf_k, buf_v = rotated(k), _maybe(rotated, v)
         return k, v, mask, (buf_k, buf_v, end, oldest, dtype, k.shape[0])
 
 

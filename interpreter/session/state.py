@@ -77,6 +77,9 @@ class SessionState(ForksOnCopy):
             "policy": self.policy,
             "approximations": {str(k): v for k, v in self.approximations.items()},
             "bytes": sum(la["bytes"] for la in layers),
+            # What one more position costs over every KV layer (a latent-attention layer
+            # keeps its key row alone); null entries (no step yet) count 0.
+            "bytes_per_token": sum(la.get("bytes_per_token") or 0 for la in layers),
             # Recurrent states (format 1.3): the states and their kept snapshots.
             "state_bytes": sum(la["bytes"] + la["snapshot_bytes"] for la in layers
                                if "snapshot_bytes" in la),
