@@ -24,6 +24,8 @@ from transformers import AttentionInterface
 
 from mlxgraph.exporter.attention_op import ReferenceCache, update_and_attend, using_reference_cache
 from mlxgraph.exporter.errors import TraceError
+from mlxgraph.exporter.latent_attention import VALUES_IN_KEYS
+from mlxgraph.exporter.latent_attention import install as install_latent
 from mlxgraph.exporter.model_support import AdapterError, chunked_layers
 from mlxgraph.exporter.state_adapter import StateRecord, install, recording
 from mlxgraph.exporter.trace_scope import torch_reason
@@ -41,8 +43,9 @@ _HARMLESS_KWARGS = frozenset({
     "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "return_dict",
     "output_hidden_states", "output_router_logits",
 })
-# What the op implements: sliding window, logit softcapping, attention sinks (gpt-oss).
-_IMPLEMENTED_KWARGS = ("sliding_window", "softcap", "s_aux")
+# What the op implements: sliding window, logit softcapping, attention sinks (gpt-oss), and
+# latent attention's values read from its keys (exporter/latent_attention.py passes it).
+_IMPLEMENTED_KWARGS = ("sliding_window", "softcap", "s_aux", VALUES_IN_KEYS)
 
 
 class TraceRecord:
@@ -107,8 +110,12 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     chunk = record.chunks.get(layer_id, 0)
     softcap = float(kwargs.get("softcap") or 0.0)
     scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
-    info = LayerCacheInfo(layer_id, int(key.shape[1]), int(key.shape[-1]), int(value.shape[-1]),
-                          window, chunk)
+    # Latent attention: v is k, its values the first value_width columns (keys-only cache).
+    value_width = int(kwargs.get(VALUES_IN_KEYS) or 0)
+    if value_width and (value is not key or window or chunk):
+        raise AdapterError(f"{where}: latent attention needs its keys as values and no window")
+    info = LayerCacheInfo(layer_id, int(key.shape[1]), int(key.shape[-1]),
+                          value_width or int(value.shape[-1]), window, chunk, bool(value_width))
     seen = record.layers.setdefault(layer_id, info)
     if seen != info:
         raise AdapterError(
@@ -117,7 +124,7 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     record.reference_cache.windows[layer_id] = window
     record.reference_cache.chunks[layer_id] = chunk
     out = torch.ops.mlxgraph.update_and_attend(query, key, value, position, layer_id, scale, None,
-                                               kwargs.get("s_aux"), softcap)
+                                               kwargs.get("s_aux"), softcap, value_width)
     # Contiguous as transformers' eager attention returns it: models .view() it (afmoe).
     return out.transpose(1, 2).contiguous(), None
 
@@ -155,6 +162,7 @@ class DecoderAdapter(torch.nn.Module):
                 "would keep a KV cache")
         use_export_friendly_experts(model)
         install(model)  # recurrent layers: mlxgraph::causal_conv / ssd_scan (state_adapter.py)
+        install_latent(model)  # MLA in its absorbed form (latent_attention.py)
         self.model = model
         # Chunked layers are known from the config: the attention call does not say.
         ids = [getattr(m, "layer_idx", None) for m in model.modules()]

@@ -96,6 +96,7 @@ def update_and_attend(
     out_dtype: torch.dtype | None = None,
     sinks: torch.Tensor | None = None,
     softcap: float = 0.0,
+    value_width: int = 0,
 ) -> torch.Tensor:
     """Append k/v to layer ``layer_id``'s cache and attend q over the cached window.
 
@@ -106,11 +107,15 @@ def update_and_attend(
         layer_id: which cache; scale: the softmax scale; out_dtype: None = q's dtype.
         sinks: None or [Hq] sink logits (one extra softmax column per head, dropped).
         softcap: 0 = none; else scores = tanh(scores / softcap) * softcap before the mask.
+        value_width: 0, or latent attention (MLA absorbed): v is k and the values are the
+            first value_width columns of the keys (the graph's cache keeps keys alone).
     Returns:
-        [B, Hq, T, Dv] in out_dtype.
+        [B, Hq, T, Dv] in out_dtype (Dv = value_width when it is set).
     """
     cache = active_reference_cache()
     keys, values, kpos = cache.append(layer_id, k, v, position)
+    if value_width:
+        values = keys[..., :value_width]
     qpos = position.reshape(-1).to(torch.long)
     b, hq, t, _ = q.shape
     hkv = keys.shape[1]
@@ -142,6 +147,7 @@ def update_and_attend(
 
 
 @update_and_attend.register_fake
-def _fake(q, k, v, position, layer_id, scale, out_dtype=None, sinks=None, softcap=0.0):
+def _fake(q, k, v, position, layer_id, scale, out_dtype=None, sinks=None, softcap=0.0,
+          value_width=0):
     b, hq, t, _ = q.shape
-    return q.new_empty((b, hq, t, v.shape[-1]), dtype=out_dtype or q.dtype)
+    return q.new_empty((b, hq, t, value_width or v.shape[-1]), dtype=out_dtype or q.dtype)

@@ -35,6 +35,7 @@ class ModuleRule:
     parent_exempt: str = ""
     # A hook of the module's (or, for parent_exempt rules, its parent's) modeling file that
     # the adapter routes to an op (exporter/state_adapter.py): then it is supported.
+    # (Empty with exempt_classes: the classes alone are exempt, their forward replaced.)
     exempt_hook: tuple = ()
     # The classes (re.search) exempt_hook applies to: the families checked against
     # transformers (another file's copy of a hook may differ).
@@ -49,7 +50,8 @@ class ModuleRule:
                 or (has_hook(parent, self.exempt_hook)
                     and re.search(self.exempt_classes, type(parent).__name__))):
             return False
-        if (not self.parent_exempt and has_hook(module, self.exempt_hook)
+        if (not self.parent_exempt and self.exempt_classes
+                and (not self.exempt_hook or has_hook(module, self.exempt_hook))
                 and re.search(self.exempt_classes, type(module).__name__)):
             return False
         return not self.attribute or hasattr(module, self.attribute)
@@ -72,6 +74,9 @@ MAMBA_HOOK = "mamba_scan_forward"  # Mamba-1's selective scan
 SCAN_CLASSES = (r"^(Mamba2Mixer|BambaMixer|FalconH1Mixer|GraniteMoeHybridMambaLayer|"
                 r"NemotronHMamba2Mixer|MambaMixer|FalconMambaMixer|JambaMambaMixer)$")
 DELTA_CLASSES = r"^Qwen3NextGatedDeltaNet$"
+# Multi-head latent attention classes whose forward exporter/latent_attention.py replaces
+# with the absorbed form (tests/test_latent_attention.py checks each against transformers).
+LATENT_CLASSES = r"^(DeepseekV2Attention|DeepseekV3Attention|Glm4MoeLiteAttention|MiniCPM3Attention)$"
 
 # Checked in order on every module, parents before children.
 UNSUPPORTED_MODULES = (
@@ -79,13 +84,14 @@ UNSUPPORTED_MODULES = (
     # mamba2_scan_forward, which the adapter routes to mlxgraph::ssd_scan.
     ModuleRule(r"Mamba|Mixer$|SSM", "state-space layers are not supported", attribute="A_log",
                exempt_hook=(SCAN_HOOK, MAMBA_HOOK), exempt_classes=SCAN_CLASSES),
-    # MLA's decompressed K/V would fit the op, but its partial RoPE writes slices in place
-    # (slice_scatter) and its group-limited router scatters: neither lowers yet. Known by
-    # its compressed K/V projection, whatever the class is called (LongcatFlashMLA).
+    # MLA is exported in its absorbed form (exporter/latent_attention.py) for the classes
+    # checked against transformers; any other module with a compressed K/V projection,
+    # whatever the class is called (LongcatFlashMLA), stays refused.
     ModuleRule(
         "",
         "multi-head latent attention (MLA) is not supported",
         attribute="kv_a_proj_with_mqa",
+        exempt_classes=LATENT_CLASSES,
     ),
     # Qwen3-Next's (and Qwen3.5's) gated delta rule goes through torch_chunk_gated_delta_rule,
     # which the adapter routes to mlxgraph::gated_delta (a per-head decay only: others refused

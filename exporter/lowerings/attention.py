@@ -10,8 +10,11 @@ from mlxgraph.exporter.lowerings import register
 @register(torch.ops.mlxgraph.update_and_attend.default)
 def update_and_attend(ctx, node):
     """q, k, v, the [T, 1] positions and optional [Hq] sinks; layer_id, scale, out_dtype
-    and softcap are static."""
-    names = ("q", "k", "v", "position", "layer_id", "scale", "out_dtype", "sinks", "softcap")
+    and softcap are static. A latent-attention call (value_width > 0) passes its keys as v:
+    its values' width is the layer's cache geometry (LayerCache.values_in_keys), not the
+    node's."""
+    names = ("q", "k", "v", "position", "layer_id", "scale", "out_dtype", "sinks", "softcap",
+             "value_width")
     args = dict(zip(names, node.args))
     args.update(node.kwargs)
     layer_id, scale, out_dtype = args["layer_id"], args["scale"], args.get("out_dtype")
@@ -19,6 +22,8 @@ def update_and_attend(ctx, node):
     static = isinstance(layer_id, int) and all(isinstance(x, int | float) for x in (scale, softcap))
     if not static:
         raise LoweringError("layer_id, scale and softcap must be static numbers")
+    if args.get("value_width") and args["v"] is not args["k"]:
+        raise LoweringError("a latent-attention call (value_width) must pass its keys as v")
     code = None if out_dtype is None else torch_dtype_code(out_dtype)
     tensors = {name: ctx.slot(args[name]) for name in ("q", "k", "v", "position")}
     return ctx.emit_out("UpdateAndAttend", **tensors, layer_id=layer_id, scale=float(scale),
