@@ -76,7 +76,8 @@ SCAN_CLASSES = (r"^(Mamba2Mixer|BambaMixer|FalconH1Mixer|GraniteMoeHybridMambaLa
 DELTA_CLASSES = r"^Qwen3NextGatedDeltaNet$"
 # Multi-head latent attention classes whose forward exporter/latent_attention.py replaces
 # with the absorbed form (tests/test_latent_attention.py checks each against transformers).
-LATENT_CLASSES = r"^(DeepseekV2Attention|DeepseekV3Attention|Glm4MoeLiteAttention|MiniCPM3Attention)$"
+LATENT_CLASSES = (r"^(DeepseekV2Attention|DeepseekV3Attention|Glm4MoeLiteAttention|"
+                  r"MiniCPM3Attention)$")
 
 # Checked in order on every module, parents before children.
 UNSUPPORTED_MODULES = (

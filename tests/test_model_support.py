@@ -41,9 +41,14 @@ REFUSED = {
         "model.layers.0 (OlmoHybridLinearAttentionDecoderLayer): linear / gated-delta attention "
         "layers are not supported",
     ),
-    "deepseek_v3": (
+    # DeepSeek-V3.2's MLA adds a sparse indexer: not one of the checked classes
+    # (deepseek_v2 / v3, glm4_moe_lite and minicpm3 export: tests/test_latent_attention.py).
+    "deepseek_v32": (
         dict(
             _SMALL,
+            index_n_heads=2,
+            index_head_dim=16,
+            index_topk=8,
             n_routed_experts=4,
             num_experts_per_tok=2,
             moe_intermediate_size=32,
@@ -56,7 +61,8 @@ REFUSED = {
             n_group=1,
             topk_group=1,
         ),
-        "model.layers.0.self_attn (DeepseekV3Attention): multi-head latent attention (MLA) is not "
+        "model.layers.0.self_attn (DeepseekV32Attention): multi-head latent attention (MLA) is "
+        "not "
         "supported",
     ),
     "llama4_text": (
