@@ -65,7 +65,8 @@ def cache_groups(layers) -> list:
     groups = []
     for lc in layers:
         geo = {"kv_heads": lc.kv_heads, "head_dim": lc.head_dim, "v_head_dim": lc.v_head_dim,
-               "sliding_window": lc.sliding_window, "attention_chunk": lc.attention_chunk}
+               "sliding_window": lc.sliding_window, "attention_chunk": lc.attention_chunk,
+               "values_in_keys": lc.values_in_keys}
         if groups and groups[-1]["geometry"] == geo and groups[-1]["layers"][1] == lc.layer_id - 1:
             groups[-1]["layers"][1] = lc.layer_id
         else:
@@ -208,9 +209,11 @@ def print_summary(doc, version: str) -> None:
         window = f"window {g['sliding_window']}" if g["sliding_window"] else "full"
         if g["attention_chunk"]:
             window = f"chunk {g['attention_chunk']}"
+        # Latent attention (format 1.3): the cache keeps keys alone, values their prefix.
+        latent = " values in keys" if g["values_in_keys"] else ""
         cache.append(
             f"{span}: kv_heads {g['kv_heads']} head_dim {g['head_dim']} v_head_dim "
-            f"{g['v_head_dim']} {window}"
+            f"{g['v_head_dim']}{latent} {window}"
         )
     cache = [c + ";" for c in cache[:-1]] + cache[-1:]
     print(*_wrap("kv cache", cache or ["-"]), sep="\n")
