@@ -25,12 +25,14 @@ from setuptools import Extension, setup
 
 ROUTER = Extension(
     "mlxgraph.interpreter.native._blas_router",
-    sources=["interpreter/native/blas_router.c", "interpreter/native/small_gemm.c",
-             "interpreter/native/tile_gemm.c", "interpreter/native/pool.c"],
-    depends=["interpreter/native/small_gemm.h", "interpreter/native/tile_gemm.h",
-             "interpreter/native/pool.h"],
+    sources=["interpreter/native/blas_router.c", "interpreter/native/matvec_f32.c",
+             "interpreter/native/small_gemm.c", "interpreter/native/tile_gemm.c",
+             "interpreter/native/pool.c"],
+    depends=["interpreter/native/matvec_f32.h", "interpreter/native/small_gemm.h",
+             "interpreter/native/tile_gemm.h", "interpreter/native/pool.h"],
     libraries=["dl"],
-    # -Wno-psabi: small_gemm.c's vectors change ABI only inside its own static functions.
+    # -Wno-psabi: matvec_f32.c's and small_gemm.c's vectors change ABI only inside their own
+    # static functions.
     extra_compile_args=["-O2", "-pthread", "-Wno-psabi"],
     extra_link_args=["-pthread"],
     optional=True,

@@ -88,6 +88,12 @@ FIGURES = {
         "tile_bench.print_report",
         "the BLAS router's many-row kernel against OpenBLAS's sgemm and torch (README)",
     ),
+    "matvec": (
+        ["matvec_bench.py"],
+        "matvec_bench.print_report",
+        "float32 decode's one-row products: the router's kernel against sgemv and the "
+        "machine's read bound; greedy agreement (README, Fast BLAS)",
+    ),
     "norm_rope": (
         ["norm_rope_bench.py"],
         "norm_rope_bench.print_report",

@@ -147,6 +147,15 @@ BLAS_TILE = Knob(
     _PRELOAD,
     _tile,
 )
+BLAS_MATVEC = Knob(
+    "MLXGRAPH_BLAS_MATVEC",
+    "on; off (also sgemv)",
+    "on",
+    "the router's one-row products against a weight read along k (a decode step's x @ W.T, "
+    "the LM head too): on, its own kernel (native/matvec_f32.c); off, the BLAS's sgemv",
+    _PRELOAD,
+    switch(off_aliases=("sgemv",)),
+)
 BLAS_THREADS = Knob(
     "MLXGRAPH_BLAS_THREADS",
     "auto, N or N:MIN_WORK (positive integers)",
@@ -202,8 +211,8 @@ GRAPH_CACHE = Knob(
     "when a command is given a model instead of a graph file",
     str,
 )
-KNOBS = (BLAS, BLAS_ROUTER, BLAS_TILE, BLAS_THREADS, NATIVE_ACTIVATIONS, QUANTIZED_KERNEL,
-         QUANTIZED_THREADS, TOKENIZER_DEADLINE, GRAPH_CACHE)
+KNOBS = (BLAS, BLAS_ROUTER, BLAS_TILE, BLAS_MATVEC, BLAS_THREADS, NATIVE_ACTIVATIONS,
+         QUANTIZED_KERNEL, QUANTIZED_THREADS, TOKENIZER_DEADLINE, GRAPH_CACHE)
 
 
 def check_environment(env=None) -> None:
@@ -228,6 +237,7 @@ def markdown_table() -> str:
 __all__ = [
     "BLAS",
     "BLAS_ROUTER",
+    "BLAS_MATVEC",
     "BLAS_THREADS",
     "BLAS_TILE",
     "GRAPH_CACHE",

@@ -4,12 +4,15 @@ general shapes, padded leading dimensions, alpha and beta values, and compare wi
 float64 numpy oracle.
 
     python tests/router_cases.py ROUTER_SO BLAS_SO PREFIX ROUTE(0|1) THREADS [TILE(0|2)]
+        [MATVEC(1|0)]
 
 THREADS > 0 gives every product that many threads (the few-row kernel splits its columns);
 0 leaves the BLAS's setting. TILE 2 sends every general product (neither matrix-vector nor
 few-row) to the router's many-row kernel (native/tile_gemm.c) and adds shapes that reach
 each of its paths: several k blocks, a second pass of rows, a one-vector last panel, a
-column tail. Prints one JSON line: cases run, worst relative error, padding
+column tail. MATVEC 0 sends every matrix-vector product to sgemv, 1 (the default) those
+against a weight read along k to the router's one-row kernel (native/matvec_f32.c).
+Prints one JSON line: cases run, worst relative error, padding
 or NaN problems, and the router's call counts next to how many cases were matrix-vector
 and few-row.
 """
@@ -109,7 +112,7 @@ def general(m, n, k) -> bool:
     return k > 0 and min(m, n) > 1 and not few_rows(m, n, k)
 
 
-def main(router_so, blas_so, prefix, route, threads, tile=0) -> dict:
+def main(router_so, blas_so, prefix, route, threads, tile=0, native_matvec=1) -> dict:
     blas = ctypes.CDLL(blas_so, mode=os.RTLD_LOCAL)
     router = ctypes.CDLL(router_so, mode=os.RTLD_LOCAL)
     router.mlxgraph_router_bind.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int)
@@ -119,6 +122,8 @@ def main(router_so, blas_so, prefix, route, threads, tile=0) -> dict:
         assert router.mlxgraph_router_threads(threads, threads, 0) == 0
     router.mlxgraph_router_tile.argtypes = (ctypes.c_int,)
     tiled = router.mlxgraph_router_tile(tile)
+    router.mlxgraph_router_matvec.argtypes = (ctypes.c_int,)
+    router.mlxgraph_router_matvec(native_matvec)
     shapes = SHAPES + (TILE_SHAPES if tile else [])
     sgemm = router.cblas_sgemm
     rng = np.random.default_rng(0)
@@ -133,8 +138,8 @@ def main(router_so, blas_so, prefix, route, threads, tile=0) -> dict:
         matvec += (m == 1 or n == 1) and k > 0
         small += few_rows(m, n, k)
         big += general(m, n, k)
-    counts = (ctypes.c_long * 5)()
-    router.mlxgraph_router_counts(counts, 5)
+    counts = (ctypes.c_long * 6)()
+    router.mlxgraph_router_counts(counts, 6)
     return {
         "cases": cases,
         "matvec_cases": matvec,
@@ -149,10 +154,12 @@ def main(router_so, blas_so, prefix, route, threads, tile=0) -> dict:
         "sgemm_calls": counts[2],
         "threaded_calls": counts[3],
         "tile_calls": counts[4],
+        "matvec_calls": counts[5],
     }
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
     tile = int(args[5]) if len(args) > 5 else 0
-    print(json.dumps(main(args[0], args[1], args[2], int(args[3]), int(args[4]), tile)))
+    native = int(args[6]) if len(args) > 6 else 1
+    print(json.dumps(main(args[0], args[1], args[2], int(args[3]), int(args[4]), tile, native)))

@@ -52,18 +52,18 @@ def router():
 
 
 @pytest.mark.parametrize(
-    "route,threads,tile",
-    [(1, 0, 0), (1, 2, 0), (0, 0, 0), (1, 2, 2)],
-    ids=["routing", "routing-2-threads", "forwarding", "tile-kernel-2-threads"],
+    "route,threads,tile,matvec",
+    [(1, 0, 0, 1), (1, 2, 0, 1), (1, 0, 0, 0), (0, 0, 0, 1), (1, 2, 2, 1)],
+    ids=["routing", "routing-2-threads", "routing-sgemv", "forwarding", "tile-kernel-2-threads"],
 )
-def test_every_case_matches_numpy(router, route, threads, tile):
+def test_every_case_matches_numpy(router, route, threads, tile, matvec):
     libs = _blas_files()
     if not libs:
         pytest.skip("no optimised CBLAS on this machine")
     if tile and not has_avx512():
         pytest.skip("the many-row kernel needs AVX-512 (the router keeps the BLAS's sgemm)")
     for lib, prefix in libs[:1] if tile else libs:
-        args = [router, lib, prefix, str(route), str(threads), str(tile)]
+        args = [router, lib, prefix, str(route), str(threads), str(tile), str(matvec)]
         proc = subprocess.run(
             [PY, str(ROOT / "tests" / "router_cases.py"), *args],
             capture_output=True,
@@ -74,15 +74,18 @@ def test_every_case_matches_numpy(router, route, threads, tile):
         got = json.loads(proc.stdout)
         assert got["cases"] == (1836 if tile else 1512) and got["worst"] < 1e-6, (lib, got)
         assert got["bad_padding"] == 0 and got["nonfinite"] == 0, (lib, got)
-        # Every matrix-vector case (and only those) went to sgemv when routing is on, every
-        # few-row case to the router's kernel, and (tile mode 2) every general case to the
-        # many-row kernel.
-        assert got["sgemv_calls"] == (got["matvec_cases"] if route else 0), (lib, got)
+        # Every matrix-vector case (and only those) went to the one-row kernel (a weight
+        # read along k) or sgemv when routing is on, every few-row case to the router's
+        # kernel, and (tile mode 2) every general case to the many-row kernel.
+        one_row = got["sgemv_calls"] + got["matvec_calls"]
+        assert one_row == (got["matvec_cases"] if route else 0), (lib, got)
+        assert (got["matvec_calls"] > 0) == bool(route and matvec), (lib, got)
         assert got["small_calls"] == (got["small_cases"] if route else 0), (lib, got)
         assert got["tile_mode"] == tile, (lib, got)
         assert got["tile_calls"] == (got["general_cases"] if tile else 0), (lib, got)
-        assert (got["sgemv_calls"] + got["small_calls"] + got["sgemm_calls"] + got["tile_calls"]
-                == got["cases"])
+        assert one_row + got["small_calls"] + got["sgemm_calls"] + got["tile_calls"] == got[
+            "cases"
+        ]
         assert got["threaded_calls"] == (got["cases"] if threads > 1 else 0), (lib, got)
 
 
@@ -122,10 +125,25 @@ def test_mlx_products_take_the_router(router):
     proc = _py("import json\n" + _MLX_PATH)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    if got.get("sgemv", 0) + got.get("sgemm", 0) == 0:
+    if got.get("sgemv", 0) + got.get("sgemm", 0) + got.get("matvec", 0) == 0:
         pytest.skip("no optimised CBLAS was preloaded")
     assert got["worst"] < 1e-5
-    assert got["sgemv"] >= 5 and got["small"] >= 3 and got["sgemm"] >= 1, got
+    # decode-shaped products (a weight read along k) take the one-row kernel, the batched
+    # x @ y ones (y's rows along n) sgemv
+    assert got["matvec"] >= 3 and got["sgemv"] >= 3, got
+    assert got["small"] >= 3 and got["sgemm"] >= 1, got
+
+
+def test_matvec_off_sends_one_row_products_to_sgemv(router):
+    code = "import json\n" + _MLX_PATH.replace(
+        "print(json.dumps({", "print(json.dumps({'router': info.router, ")
+    proc = _py(code, {"MLXGRAPH_BLAS_MATVEC": "sgemv"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not got["sgemm"]:
+        pytest.skip("no optimised CBLAS was preloaded")
+    assert "sgemv for one row (MLXGRAPH_BLAS_MATVEC=sgemv)" in got["router"], got
+    assert got["worst"] < 1e-5 and got["matvec"] == 0 and got["sgemv"] >= 6, got
 
 
 def test_router_off_forwards_everything_to_sgemm(router):
@@ -134,7 +152,7 @@ def test_router_off_forwards_everything_to_sgemm(router):
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["worst"] < 1e-5
     # the prefixed pip OpenBLAS still needs the library to forward; a plain one does not
-    assert got.get("sgemv", 0) == 0 and got.get("small", 0) == 0
+    assert got.get("sgemv", 0) == 0 and got.get("small", 0) == 0 and got.get("matvec", 0) == 0
 
 
 _ALPHA_ZERO = """

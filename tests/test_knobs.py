@@ -20,6 +20,7 @@ INVALID = {
     "MLXGRAPH_BLAS": None,  # any other value names a library: its errors are test_blas.py's
     "MLXGRAPH_BLAS_ROUTER": "maybe",
     "MLXGRAPH_BLAS_TILE": "fast",
+    "MLXGRAPH_BLAS_MATVEC": "gemv",
     "MLXGRAPH_BLAS_THREADS": "two",
     "MLXGRAPH_NATIVE_ACTIVATIONS": "2",
     "MLXGRAPH_QUANTIZED_KERNEL": "fast",

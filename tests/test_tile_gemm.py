@@ -153,7 +153,8 @@ def test_a_cpu_without_avx512_keeps_the_blas(tmp_path):
     native = ROOT / "interpreter" / "native"
     (tmp_path / "driver.c").write_text(_NO_AVX512_DRIVER)
     exe = tmp_path / "driver"
-    sources = [native / f for f in ("blas_router.c", "small_gemm.c", "tile_gemm.c", "pool.c")]
+    sources = [native / f for f in ("blas_router.c", "matvec_f32.c", "small_gemm.c",
+                                    "tile_gemm.c", "pool.c")]
     subprocess.run([cc, "-O0", "-pthread", "-Wno-psabi", f"-I{native}", tmp_path / "driver.c",
                     *sources, "-ldl", "-o", exe], check=True, capture_output=True, timeout=120)
     on = "1 2 0 0" if has_avx512() else "0 0 -1 1"

@@ -40,8 +40,10 @@ from mlxgraph.interpreter.native.blas_router import (
     RouterError,
     bind_router,
     cblas_prefix,
+    matvec_wanted,
     router_file,
     routing_wanted,
+    set_router_matvec,
     set_router_threads,
     set_router_tile,
     threads_wanted,
@@ -148,6 +150,14 @@ def _describe_tile(router, env) -> str:
     return "tile kernel for 9..160 rows"
 
 
+def _describe_matvec(router, env) -> str:
+    """Give the router its one-row kernel's switch (MLXGRAPH_BLAS_MATVEC) and say where
+    one-row products go, for the stats line."""
+    if set_router_matvec(router, matvec_wanted(env)):
+        return "matvec kernel for one row"
+    return f"sgemv for one row ({_as_set(knobs.BLAS_MATVEC, env)})"
+
+
 def _install(where: str, env) -> BlasInfo | str:
     """Load one CBLAS and make it (through the router when there is one) MLX's.
 
@@ -175,7 +185,7 @@ def _install(where: str, env) -> BlasInfo | str:
             return str(e)
         router = "on" if route else f"off ({_as_set(knobs.BLAS_ROUTER, env)}; forwarding only)"
         if route:
-            router += ", " + _describe_tile(bound, env)
+            router += ", " + _describe_matvec(bound, env) + ", " + _describe_tile(bound, env)
         if threads.many and set_router_threads(bound, threads):
             router += f", {threads.describe()}"
     if not prefix:

@@ -2,7 +2,8 @@
  * one column, and an optimised sgemm packs its operands first, which for a matrix-vector
  * or few-row product costs more than the product. This library exports the cblas_* names
  * libmlx binds (cblas_sgemm, cblas_dgemm, cblas_cgemm): sgemm calls with M == 1 or N == 1
- * go to the target BLAS's sgemv, those with 2..8 rows (or columns) to small_gemm.c, which
+ * go to matvec_f32.c (the decode kernel) when the weight is read along k (x @ W.T), else to
+ * the target BLAS's sgemv, those with 2..8 rows (or columns) to small_gemm.c, which
  * reads the weight once for all rows, everything else to the BLAS's own *gemm. Each call
  * runs on a number of threads chosen by its size (mlxgraph_router_threads). The target is bound at run time
  * by mlxgraph_router_bind() with a dlopen handle and a symbol prefix ("" for a system
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "matvec_f32.h"
 #include "pool.h"
 #include "small_gemm.h"
 #include "tile_gemm.h"
@@ -40,6 +42,9 @@ static int routing = 1;
  * faster (wants_tile), or always (tests: every kernel path on small shapes). */
 enum { TILE_NEVER, TILE_WHERE_FASTER, TILE_ALWAYS };
 static int tiling;
+/* Matrix-vector products against a weight read along k (a decode step's x @ W.T) go to
+ * matvec_f32.c (1) or to the BLAS's sgemv (0: mlxgraph_router_matvec). */
+static int native_matvec = 1;
 /* Threads per call: products of fewer than min_work multiply-adds run on few_threads, the
  * others on many_threads (0 = leave the BLAS's own threading alone). The router threads
  * a product itself (pool.c: chunks of columns, each a one-thread BLAS call): OpenBLAS's
@@ -50,7 +55,7 @@ static int few_threads, many_threads;
 static int blas_threads;   /* the count last given to the BLAS (0: never set) */
 static long min_work;
 /* calls taken by each path, and calls run on more than one thread (tests, stats) */
-enum { N_GEMV, N_SMALL, N_GEMM, N_THREADED, N_TILE, N_COUNTS };
+enum { N_GEMV, N_SMALL, N_GEMM, N_THREADED, N_TILE, N_MATVEC, N_COUNTS };
 static long counts[N_COUNTS];
 
 static void *lookup(void *handle, const char *prefix, const char *name) {
@@ -95,6 +100,13 @@ int mlxgraph_router_tile(int mode) {
     tiling = tile_gemm_available() && mode >= TILE_NEVER && mode <= TILE_ALWAYS ? mode
                                                                                  : TILE_NEVER;
     return tiling;
+}
+
+/* Send matrix-vector products whose weight is read along k to matvec_f32.c (1) or to the
+ * BLAS's sgemv (0). Returns the mode now in force. */
+int mlxgraph_router_matvec(int on) {
+    native_matvec = on != 0;
+    return native_matvec;
 }
 
 void mlxgraph_router_counts(long *out, int n) {
@@ -146,6 +158,22 @@ static void row_major_matvec(int ta, int tb, int M, int N, int K, float alpha, c
         else                  /* A is K x M */
             real_sgemv(ROW_MAJOR, TRANS, K, M, alpha, A, lda, B, incx, beta, C, incy);
     }
+}
+
+/* Row-major C (M x N) = alpha * op(A) * op(B) + beta * C with M == 1 or N == 1 as
+ * matvec_f32 (one row of X) when the weight operand's rows run along k: for M == 1 the
+ * weight is op(B) (B stored N x K), for N == 1 it is op(A) (A stored M x K). Returns 0, or
+ * -1 when the layout is the other one (sgemv's) or matvec_f32 could not run. */
+static int row_major_native_matvec(int ta, int tb, int M, int N, int K, float alpha,
+                                   const float *A, int lda, const float *B, int ldb,
+                                   float beta, float *C, int ldc, int threads) {
+    if (M == 1 && tb != NO_TRANS)   /* x = row 0 of op(A), W = B */
+        return matvec_f32(1, N, K, alpha, A, 0, ta == NO_TRANS ? 1 : lda, B, ldb, beta, C, 0,
+                          1, threads);
+    if (N == 1 && ta == NO_TRANS)   /* x = column 0 of op(B), W = A; out(0, m) = C[m * ldc] */
+        return matvec_f32(1, M, K, alpha, B, 0, tb == NO_TRANS ? ldb : 1, A, lda, beta, C, 0,
+                          ldc, threads);
+    return -1;
 }
 
 /* Row-major C (M x N) = alpha * op(A) * op(B) + beta * C with 2..8 rows (or columns) as
@@ -242,7 +270,6 @@ static void run_blas(int matvec, int ta, int tb, int M, int N, int K, float alph
     int side = j.by_rows ? M : N, parts = threads > 1 ? (matvec ? 4 : 1) * threads : 1;
     j.per = (side + parts - 1) / parts;
     if (j.per < MIN_CHUNK) j.per = MIN_CHUNK;
-    if (threads > 0) use_blas_threads(1);
     pool_run(run_chunk, &j, (side + j.per - 1) / j.per, threads, POOL_SLEEP_AT_ONCE);
 }
 
@@ -260,7 +287,15 @@ void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, co
      * Inf or NaN, which the router's kernels would turn into NaN): sgemm too. */
     int routable = routing && M > 0 && N > 0 && K > 0 && alpha != 0.0f;
     int threads = threads_for(M, N, K);
+    /* The router threads every product itself (pool.c): the BLAS's own calls get one. */
+    if (threads > 0) use_blas_threads(1);
     int matvec = routable && (M == 1 || N == 1);
+    if (matvec && native_matvec &&
+        row_major_native_matvec(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                threads > 0 ? threads : 1) == 0) {
+        count(N_MATVEC);
+        return;
+    }
     if (routable && !matvec && (is_small(M) || is_small(N)) &&
         row_major_small(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
                         threads > 0 ? threads : 1) == 0) {

@@ -3,7 +3,8 @@
 MLX's CPU matmul calls ``cblas_sgemm`` for every float32 product, one-row products of
 decode included, and an optimised sgemm with M == 1 packs its operands and runs at a
 third of the memory speed its ``cblas_sgemv`` reaches. The router exports the three
-``cblas_*`` names libmlx binds and sends M == 1 / N == 1 products to the target BLAS's
+``cblas_*`` names libmlx binds and sends M == 1 / N == 1 products to its own decode kernel
+(native/matvec_f32.c) when the weight is read along k (x @ W.T), else to the target BLAS's
 sgemv, products with 2..8 rows (or columns) to its own kernel (native/small_gemm.c: the
 weight is read once for all rows), the rest to the BLAS's sgemm. Each call gets a number
 of threads by its size (:class:`ThreadPolicy`); the router runs a threaded call itself, in
@@ -20,7 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxgraph.interpreter.knobs import BLAS_ROUTER, BLAS_THREADS, BLAS_TILE
+from mlxgraph.interpreter.knobs import BLAS_MATVEC, BLAS_ROUTER, BLAS_THREADS, BLAS_TILE
 from mlxgraph.schema.errors import Error
 
 # Products of fewer multiply-adds than this run on one thread: waking a second thread costs
@@ -74,6 +75,22 @@ def set_router_tile(router, mode: int) -> int:
     TILE_NEVER on a CPU without AVX-512, whatever was asked."""
     router.mlxgraph_router_tile.argtypes = (ctypes.c_int,)
     return int(router.mlxgraph_router_tile(int(mode)))
+
+
+def matvec_wanted(env) -> bool:
+    """False when ``MLXGRAPH_BLAS_MATVEC`` sends one-row products to the BLAS's sgemv rather
+    than the router's own kernel (native/matvec_f32.c).
+
+    Raises:
+        KnobError: it holds a value that is neither on nor off.
+    """
+    return BLAS_MATVEC.read(env)
+
+
+def set_router_matvec(router, on: bool) -> bool:
+    """Give the bound router its one-row kernel's switch; returns the switch in force."""
+    router.mlxgraph_router_matvec.argtypes = (ctypes.c_int,)
+    return bool(router.mlxgraph_router_matvec(int(on)))
 
 
 def cblas_prefix(lib) -> str | None:
@@ -155,12 +172,13 @@ def set_router_threads(router, policy: ThreadPolicy) -> bool:
     return router.mlxgraph_router_threads(1, policy.many, policy.min_work) == 0
 
 
-COUNTS = ("sgemv", "small", "sgemm", "threaded", "tile")
+COUNTS = ("sgemv", "small", "sgemm", "threaded", "tile", "matvec")
 
 
 def router_counts(path: str) -> dict:
     """How many cblas_sgemm calls the router (already loaded from ``path``) sent to sgemv,
-    to its few-row kernel, to sgemm and to its many-row kernel ("tile") in this process,
+    to its few-row kernel, to sgemm, to its many-row kernel ("tile") and to its one-row
+    kernel ("matvec") in this process,
     and how many of them were given more than one thread (zeros when no router is loaded)."""
     if not path:
         return dict.fromkeys(COUNTS, 0)
@@ -181,7 +199,9 @@ __all__ = [
     "cblas_prefix",
     "router_counts",
     "router_file",
+    "matvec_wanted",
     "routing_wanted",
+    "set_router_matvec",
     "set_router_threads",
     "set_router_tile",
     "TILE_ALWAYS",
