@@ -36,7 +36,8 @@ VALUES_IN_KEYS = "mlxgraph_values_in_keys"
 ATTN_IMPLEMENTATION = "mlxgraph"  # the adapter's (exporter/adapter.py registers it)
 # Files whose rotary embedding is complex (torch.polar): their pairs are adjacent columns.
 _COMPLEX_ROTARY = r"^DeepseekV2RotaryEmbedding$"
-_COMPLEX_ATTENTION = r"^DeepseekV2Attention$"
+# Layers that always rotate adjacent pairs (the others ask config.rope_interleave).
+_INTERLEAVED_ATTENTION = r"^(DeepseekV2Attention|LongcatFlashMLA)$"
 
 
 def install(model) -> None:
@@ -65,7 +66,7 @@ def install(model) -> None:
         module.register_buffer("mlxgraph_w_uv", w[:, nope:].transpose(1, 2).contiguous(),
                                persistent=False)
         module._mlxgraph_original = module.forward
-        module._mlxgraph_interleaved = bool(re.search(_COMPLEX_ATTENTION, name)
+        module._mlxgraph_interleaved = bool(re.search(_INTERLEAVED_ATTENTION, name)
                                             or getattr(module.config, "rope_interleave", False))
         module.forward = types.MethodType(absorbed_forward, module)
 
@@ -119,7 +120,11 @@ def absorbed_forward(self, hidden_states, position_embeddings=None, attention_ma
     q = q.view(b, t, -1, nope + rope).transpose(1, 2)
     q_nope, q_pe = torch.split(q, [nope, rope], dim=-1)
     latent, k_pe = torch.split(self.kv_a_proj_with_mqa(hidden_states), [rank, rope], dim=-1)
-    latent = self.kv_a_layernorm(latent).view(b, 1, t, rank)
+    latent = self.kv_a_layernorm(latent)
+    if hasattr(self, "mla_scale_q_lora"):  # LongCat-Flash's LoRA scaling, in its order
+        q_nope, q_pe = q_nope * self.mla_scale_q_lora, q_pe * self.mla_scale_q_lora
+        latent = latent * self.mla_scale_kv_lora
+    latent = latent.view(b, 1, t, rank)
     k_pe = k_pe.view(b, 1, t, rope)
     cos, sin = position_embeddings
     q_pe = _rotate(q_pe, cos, sin, self._mlxgraph_interleaved)

@@ -77,7 +77,7 @@ DELTA_CLASSES = r"^Qwen3NextGatedDeltaNet$"
 # Multi-head latent attention classes whose forward exporter/latent_attention.py replaces
 # with the absorbed form (tests/test_latent_attention.py checks each against transformers).
 LATENT_CLASSES = (r"^(DeepseekV2Attention|DeepseekV3Attention|Glm4MoeLiteAttention|"
-                  r"MiniCPM3Attention)$")
+                  r"MiniCPM3Attention|LongcatFlashMLA)$")
 
 # Checked in order on every module, parents before children.
 UNSUPPORTED_MODULES = (

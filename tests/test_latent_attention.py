@@ -2,9 +2,10 @@
 cache of the latent and the RoPE key per position (format 1.3, LayerCache.values_in_keys).
 
 DeepSeek-V2 (complex RoPE, group-limited greedy routing, yarn), DeepSeek-V3 (q LoRA,
-sigmoid noaux_tc routing with grouped top-k and shared experts), GLM-4-MoE-Lite and
-MiniCPM3 export and match transformers eager over a prefill, 40 greedy decode steps, a
-chunked prefill and batched steps; DeepSeek-V2's sessions fork, save and restore bitwise,
+sigmoid noaux_tc routing with grouped top-k and shared experts), GLM-4-MoE-Lite, MiniCPM3
+and LongCat-Flash (LoRA scaling, two attention sublayers per layer, zero experts) export
+and match transformers eager over a prefill, 40 greedy decode steps, a chunked prefill and
+batched steps; DeepSeek-V2's sessions fork, save and restore bitwise,
 quantize their latent cache, and report what a position costs. The verifier holds a latent
 layer's node to its geometry, and a reader of format 1.2 refuses such a file by name.
 """
@@ -42,6 +43,11 @@ FAMILIES = {
     "deepseek_v3": dict(_MLA, **_MOE, q_lora_rank=24),
     "glm4_moe_lite": dict(_MLA, **_MOE, q_lora_rank=24),
     "minicpm3": dict(_MLA, q_lora_rank=24),
+    # LoRA scaling of q and the latent; softmax routing with zero (identity) experts
+    # (num_hidden_layers 2 is one layer of two attention sublayers: a cache each)
+    "longcat_flash": dict(_MLA, head_dim=16, q_lora_rank=24,
+                          ffn_hidden_size=64, moe_topk=2, n_routed_experts=4,
+                          zero_expert_num=2, expert_ffn_hidden_size=32),
 }
 # Per position and layer: the latent and the RoPE key, float32, against per-head K and V.
 LATENT_BYTES = (48 + 16) * 4
@@ -190,7 +196,8 @@ def test_a_reader_of_format_1_2_refuses_a_latent_file_by_name(tmp_path):
 
 def test_mla_modules_left_unchecked_are_still_refused(tmp_path):
     """The absorbed form is installed for the checked classes only; a copy of the layer in
-    another modeling file (LongcatFlashMLA) is refused before tracing, in one line."""
+    another modeling file (DeepSeek-V3.2's, here a subclass) is refused before tracing, in
+    one line."""
     from mlxgraph.exporter.model_support import AdapterError
 
     config = make_config("deepseek_v2", **FAMILIES["deepseek_v2"])

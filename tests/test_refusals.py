@@ -45,11 +45,14 @@ REFUSED_MODELS = {
              r"RwkvForCausalLM: its attention is not computed through transformers' "
              r"AttentionInterface \(the implementation cannot be switched\), so no layer would "
              r"keep a KV cache"),
-    "longcat_flash": ("longcat_flash", dict(
-        _SMALL, num_layers=1, ffn_hidden_size=64, q_lora_rank=16, kv_lora_rank=16,
-        qk_nope_head_dim=8, qk_rope_head_dim=8, head_dim=16, v_head_dim=8, moe_topk=2,
-        n_routed_experts=4, zero_expert_num=1, expert_ffn_hidden_size=32),
-        r"model\.layers\.0\.self_attn\.0 \(LongcatFlashMLA\): multi-head latent attention "
+    # (MLA of a class not checked against transformers: DeepSeek-V3.2's sparse indexer;
+    # deepseek_v2/v3, glm4_moe_lite, minicpm3, longcat_flash export: test_latent_attention.)
+    "deepseek_v32": ("deepseek_v32", dict(
+        _SMALL, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+        first_k_dense_replace=1, n_group=1, topk_group=1, index_n_heads=2, index_head_dim=16,
+        index_topk=8),
+        r"model\.layers\.0\.self_attn \(DeepseekV32Attention\): multi-head latent attention "
         r"\(MLA\) is not supported"),
     "bert": ("bert", dict(_SMALL),
              r"bert\.encoder\.layer\.0\.attention\.self \(BertSelfAttention\): attention in both "
