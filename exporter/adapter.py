@@ -27,6 +27,7 @@ from mlxgraph.exporter.errors import TraceError
 from mlxgraph.exporter.latent_attention import VALUES_IN_KEYS
 from mlxgraph.exporter.latent_attention import install as install_latent
 from mlxgraph.exporter.model_support import AdapterError, chunked_layers
+from mlxgraph.exporter.position_hooks import install_position_hooks
 from mlxgraph.exporter.state_adapter import StateRecord, install, recording
 from mlxgraph.exporter.trace_scope import torch_reason
 from mlxgraph.schema.records import LayerCacheInfo
@@ -132,6 +133,12 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
 AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
 
 
+def _step_positions():
+    """The running adapter step's positions ([T, 1]), None outside one."""
+    step = _STEP.get()
+    return None if step is None else step[0]
+
+
 class DecoderAdapter(torch.nn.Module):
     """``forward(tokens [1, T] int, positions [T] int) -> logits [1, T, vocab]``.
 
@@ -163,6 +170,8 @@ class DecoderAdapter(torch.nn.Module):
         use_export_friendly_experts(model)
         install(model)  # recurrent layers: mlxgraph::causal_conv / ssd_scan (state_adapter.py)
         install_latent(model)  # MLA in its absorbed form (latent_attention.py)
+        # Positional embeddings that count from the cache's length get the step's positions.
+        install_position_hooks(model, _step_positions)
         self.model = model
         # Chunked layers are known from the config: the attention call does not say.
         ids = [getattr(m, "layer_idx", None) for m in model.modules()]
@@ -196,6 +205,10 @@ class DecoderAdapter(torch.nn.Module):
         """The geometry recorded by the last forward, ordered by layer_id."""
         layers = self.record.layers
         return tuple(layers[k] for k in sorted(layers))
+
+    def reused_layers(self) -> bool:
+        """Whether the last forward attended with a layer more than once (spare ids)."""
+        return any(i >= self.record.spare_layer_id for i in self.record.layers)
 
     def state_infos(self) -> tuple:
         """The recurrent states recorded by the last forward, ordered by layer_id."""

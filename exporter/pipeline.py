@@ -13,6 +13,7 @@ import torch
 
 from mlxgraph.exporter.adapter import AdapterError, DecoderAdapter
 from mlxgraph.exporter.builtins import BUILD_LOCK
+from mlxgraph.exporter.cache_probe import shared_cache_problem
 from mlxgraph.exporter.errors import ExportError, TraceError, UnsupportedModelError
 from mlxgraph.exporter.finite_weights import nonfinite_weights
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
@@ -25,6 +26,7 @@ from mlxgraph.exporter.model_info import (
 from mlxgraph.exporter.model_loading import DTYPES, load_model
 from mlxgraph.exporter.model_support import check_model
 from mlxgraph.exporter.packed_weights import keep_packed
+from mlxgraph.exporter.position_hooks import positions_from_step_length
 from mlxgraph.exporter.quantize import QuantizeRecipe, quantize_graph
 from mlxgraph.exporter.state_adapter import unrouted_scan
 from mlxgraph.exporter.tokenizer_source import read_tokenizer, tokenizer_source
@@ -109,6 +111,15 @@ def _graph(m, max_seq_len: int, step):
     if (where := unrouted_scan(m, adapter.states)) is not None:
         raise AdapterError(f"{where}: its scan did not go through mamba2_scan_forward, so it "
                            "would run without its recurrent state")
+    # A layer attended again in the forward got a cache of its own: the model's own cache
+    # must agree (exporter/cache_probe.py).
+    if adapter.reused_layers() and (why := shared_cache_problem(m)) is not None:
+        raise AdapterError(f"{type(m).__name__}: {why}")
+    if positions_from_step_length(ep):
+        raise AdapterError(
+            f"{type(m).__name__}: its positions are counted from the step's own length (an "
+            "arange over the tokens plus a cache length), not read from the positions given, "
+            "so every step after a first prefill would be wrong")
     if not adapter.layer_infos() and not adapter.state_infos():
         raise AdapterError(
             f"{type(m).__name__}: no attention layer called the mlxgraph attention "

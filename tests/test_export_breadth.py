@@ -1,8 +1,9 @@
 """Architectures issue 31 made exact: mixture-of-experts routers (top-k with gather and
 scatter, grouped and limited top-k, shared experts, phimoe's sparsemixer), and the
 elementwise ops of apertus (expm1, log1p), ministral3 (floor) and gemma3n (repeat, copy,
-slice_scatter, erfinv, var), and models attending twice with one layer in a forward
-(diffllama, hrm_text: a KV cache per call).
+slice_scatter, erfinv, var), models attending twice with one layer in a forward
+(diffllama, hrm_text, dory: a KV cache per call), and BART's decoders, which count
+positions from the cache's length (bart, blenderbot, blenderbot-small, marian, mbart).
 
 Tiny random configs (transformers' own classes, seeded weights), exported and run against
 transformers as configured by default with its own DynamicCache: a prefill, the same
@@ -49,6 +50,15 @@ CONFIGS = {
     "ministral3": dict(_SMALL, head_dim=16),
     # AltUp and Laurel: repeat, copy, slice_scatter; activation sparsity on the first
     # layer: erfinv (format 1.3) and std
+    # BART's decoders count positions from the cache's length (exporter/position_hooks.py)
+    **{t: dict(_SMALL, decoder_layers=2) for t in ("bart", "blenderbot", "blenderbot-small",
+                                                   "marian", "mbart")},
+    # sigmoid router, one route per row with a per-expert RMSNorm (repeat_interleave)
+    "ergo": dict(_SMALL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                 head_dim=16),
+    # a looped middle layer with a cache per loop (its own cache probe says so)
+    "dory": dict(_SMALL, num_hidden_layers=3, n_input_layers=1, n_output_layers=1,
+                 head_dim=16),
     "gemma3n_text": dict(_SMALL, head_dim=16, num_kv_shared_layers=0, laurel_rank=8,
                          altup_num_inputs=2, hidden_size_per_layer_input=8,
                          vocab_size_per_layer_input=256, sliding_window=8,

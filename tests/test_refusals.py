@@ -54,6 +54,18 @@ REFUSED_MODELS = {
         index_topk=8),
         r"model\.layers\.0\.self_attn \(DeepseekV32Attention\): multi-head latent attention "
         r"\(MLA\) is not supported"),
+    # Dory's earlier loops read the last loop's cache without writing their own
+    # (exporter/cache_probe.py: found by running its own cached forward once)
+    "dory last_loop": ("dory", dict(_SMALL, num_hidden_layers=3, n_input_layers=1,
+                                    n_output_layers=1, head_dim=16,
+                                    recurrent_kv_cache_mode="last_loop"),
+                       r"DoryForCausalLM: cache layer 3 \(DoryPastReader\) does not keep the "
+                       r"keys written to it \(a view of another layer's cache\), where the graph "
+                       r"gives each call a cache of its own"),
+    # input and output layers overlapping: one layer's two calls write one cache
+    "dory shared cache": ("dory", dict(_SMALL, head_dim=16),
+                          r"DoryForCausalLM: cache layer 0 is written 2 times in one forward "
+                          r"\(its calls share a cache\), where the graph gives each call its own"),
     "bert": ("bert", dict(_SMALL),
              r"bert\.encoder\.layer\.0\.attention\.self \(BertSelfAttention\): attention in both "
              r"directions \(is_causal=False\): not a causal decoder"),
@@ -150,4 +162,16 @@ def test_a_model_whose_layers_call_no_attention_is_refused(tmp_path):
         layer.self_attn = OwnAttention()
     with pytest.raises(AdapterError, match=r"^llama: LlamaForCausalLM: no attention layer called "
                                            r"the mlxgraph attention implementation"):
+        export(model, tmp_path / "m.mlxg", max_seq_len=16)
+
+
+def test_positions_counted_from_the_step_length_are_refused(tmp_path, monkeypatch):
+    """Without the hook that gives BART's positional embedding the step's positions, its
+    graph would count them from 0 at every step: found in the traced graph, refused."""
+    import mlxgraph.exporter.adapter as adapter
+
+    monkeypatch.setattr(adapter, "install_position_hooks", lambda model, positions: [])
+    model = build_model(make_config("bart", **_SMALL, decoder_layers=2))
+    with pytest.raises(AdapterError, match=r"^bart: BartForCausalLM: its positions are counted "
+                                           r"from the step's own length"):
         export(model, tmp_path / "m.mlxg", max_seq_len=16)
