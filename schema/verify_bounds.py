@@ -14,7 +14,8 @@ decoded records, and bound every step of a file that passes:
   checks each computed value against it;
 - the literal shapes of Full, Reshape and Expand and the length of Arange stay within
   ``element_limit``;
-- ``metadata.vocab_size`` equals the rows of every embedding the ``tokens`` input feeds;
+- ``metadata.vocab_size`` is positive and at most the rows of every embedding the ``tokens``
+  input feeds;
 - attributes hold values in their domain (a finite positive attention scale, finite
   non-negative norm epsilons, ...);
 - no node writes a tensor slot a graph input or a constant fills.
@@ -284,11 +285,13 @@ def _check_vocab(g, nodes, specs) -> None:
             continue
         shape = g.tensors[t.weight].shape
         rows = shape[0].size if shape and shape[0].symbol == -1 else None
-        if rows != vocab:
+        # Ids are checked against vocab_size, so a table at least that long is safe: a
+        # second table of the tokens may be longer (Gemma 4's per-layer embeddings).
+        if rows is None or not 0 < vocab <= rows:
             raise GraphFormatError(
-                f"metadata.vocab_size {vocab} is not the {rows if rows is not None else '?'} "
-                "rows of the embedding the tokens feed: the vocabulary check on token ids "
-                "would admit ids past its table",
+                f"metadata.vocab_size {vocab} is not within the "
+                f"{rows if rows is not None else '?'} rows of an embedding the tokens feed: "
+                "the vocabulary check on token ids would admit ids past its table",
                 node=i,
                 field=f"{specs[code].short_name}.weight",
             )

@@ -59,6 +59,10 @@ CONFIGS = {
     # a looped middle layer with a cache per loop (its own cache probe says so)
     "dory": dict(_SMALL, num_hidden_layers=3, n_input_layers=1, n_output_layers=1,
                  head_dim=16),
+    # per-layer embeddings from a table longer than the vocabulary (the verifier admits a
+    # second table of the tokens at least vocab_size long)
+    "gemma4_text": dict(_SMALL, head_dim=16, hidden_size_per_layer_input=8,
+                        vocab_size_per_layer_input=512),
     "gemma3n_text": dict(_SMALL, head_dim=16, num_kv_shared_layers=0, laurel_rank=8,
                          altup_num_inputs=2, hidden_size_per_layer_input=8,
                          vocab_size_per_layer_input=256, sliding_window=8,

@@ -24,12 +24,12 @@ from mlxgraph.schema.errors import GraphFormatError
         (
             "vocab 1e6 > rows",
             lambda: hg.embedding_of_tokens(vocab=1_000_000),
-            "vocab_size 1000000 is not the 4 rows",
+            "vocab_size 1000000 is not within the 4 rows",
         ),
         (
             "vocab unknown",
             lambda: hg.embedding_of_tokens(vocab=0),
-            "vocab_size 0 is not the 4 rows",
+            "vocab_size 0 is not within the 4 rows",
         ),
         ("Full 2**30 x 2**30", lambda: hg.full_of([2**30, 2**30]), "more than the limit"),
         ("Full 700M", lambda: hg.full_of([700_000_000]), "more than the limit"),
