@@ -29,6 +29,7 @@ from mlxgraph.exporter.latent_attention import install as install_latent
 from mlxgraph.exporter.model_support import AdapterError, chunked_layers
 from mlxgraph.exporter.position_hooks import install_position_hooks
 from mlxgraph.exporter.state_adapter import StateRecord, install, recording
+from mlxgraph.exporter.static_experts import install_static_experts
 from mlxgraph.exporter.trace_scope import torch_reason
 from mlxgraph.schema.records import LayerCacheInfo
 
@@ -133,6 +134,11 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
 AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
 
 
+def _in_step() -> bool:
+    """Whether an adapter step is running (in this thread or task)."""
+    return _STEP.get() is not None
+
+
 def _step_positions():
     """The running adapter step's positions ([T, 1]), None outside one."""
     step = _STEP.get()
@@ -172,6 +178,8 @@ class DecoderAdapter(torch.nn.Module):
         install_latent(model)  # MLA in its absorbed form (latent_attention.py)
         # Positional embeddings that count from the cache's length get the step's positions.
         install_position_hooks(model, _step_positions)
+        # MoE code that groups tokens by data-dependent sizes (static_experts.py).
+        install_static_experts(model, _in_step)
         self.model = model
         # Chunked layers are known from the config: the attention call does not say.
         ids = [getattr(m, "layer_idx", None) for m in model.modules()]

@@ -10,8 +10,8 @@ aten = torch.ops.aten
 
 
 class Composite(nn.Module):
-    """floor, clamp with tensor bounds, copy, repeat, var, slice_scatter, scatter of a
-    value and gather, on [1, T, D] features."""
+    """floor, clamp with tensor bounds, copy, repeat, var, vector norms, slice_scatter,
+    scatter of a value and gather, on [1, T, D] features."""
 
     def __init__(self):
         super().__init__()
@@ -44,6 +44,8 @@ class Composite(nn.Module):
             torch.var(x, dim=-1, keepdim=True).expand(-1, -1, D),
             torch.std(x, dim=-1, keepdim=True, unbiased=False).expand(-1, -1, D),
             torch.var(x, dim=-1, correction=0).unsqueeze(-1).expand(-1, -1, D),
+            *(torch.norm(x, p=p, dim=-1, keepdim=True).expand(-1, -1, D)   # vector norms
+              for p in (1.0, 2.0, 3.0, float("inf"))),
         ]
         return torch.cat(feats, dim=-1)
 
@@ -52,6 +54,6 @@ def test_composite_ops_run_like_torch(tmp_path):
     targets = {n.target for n in export_module(Composite().eval()).graph.nodes}
     for op in (aten.floor.default, aten.clamp.Tensor, aten.copy.default, aten.repeat.default,
                aten.var.correction, aten.slice_scatter.default, aten.scatter.value,
-               aten.gather.default):
+               aten.gather.default, aten.linalg_vector_norm.default):
         assert op in targets, op
     check_runs_like_torch(Composite().eval(), tmp_path / "c.mlxg", tol=2e-6)

@@ -2,8 +2,9 @@
 scatter, grouped and limited top-k, shared experts, phimoe's sparsemixer), and the
 elementwise ops of apertus (expm1, log1p), ministral3 (floor) and gemma3n (repeat, copy,
 slice_scatter, erfinv, var), models attending twice with one layer in a forward
-(diffllama, hrm_text, dory: a KV cache per call), and BART's decoders, which count
-positions from the cache's length (bart, blenderbot, blenderbot-small, marian, mbart).
+(diffllama, hrm_text, dory: a KV cache per call), BART's decoders, which count
+positions from the cache's length (bart, blenderbot, blenderbot-small, marian, mbart), and
+MoE code with data-dependent group sizes (jetmoe, dbrx: static shapes).
 
 Tiny random configs (transformers' own classes, seeded weights), exported and run against
 transformers as configured by default with its own DynamicCache: a prefill, the same
@@ -46,6 +47,14 @@ CONFIGS = {
     # at the tiny models' 0.25 the chained cycles amplify float32 rounding, and transformers'
     # own eager and sdpa forwards differ by 1.4e-4.)
     "hrm_text": dict(_SMALL, head_dim=16, H_cycles=2, L_cycles=2, initializer_range=0.1),
+    # experts grouped by data-dependent sizes, computed with static shapes
+    # (exporter/static_experts.py): JetMoE's MoE and mixture of attention heads, DBRX's
+    # experts loop after a p-norm of the top-k weights (vector_norm)
+    "jetmoe": dict(_SMALL, num_local_experts=4, num_experts_per_tok=2, kv_channels=16),
+    "dbrx": dict(_SMALL, d_model=64, attn_config={"kv_n_heads": 2, "clip_qkv": 8.0,
+                                                  "rope_theta": 10000.0},
+                 ffn_config={"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2,
+                             "moe_normalize_expert_weights": 2.0}),
     # floor in the attention's position scaling
     "ministral3": dict(_SMALL, head_dim=16),
     # AltUp and Laurel: repeat, copy, slice_scatter; activation sparsity on the first

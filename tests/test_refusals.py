@@ -27,19 +27,6 @@ _SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_at
 # Each is a different path to a refusal: the module walk before tracing, the adapter while
 # tracing, torch.export's own failure, the lowering's unsupported ops.
 REFUSED_MODELS = {
-    "jetmoe": ("jetmoe", dict(_SMALL, num_local_experts=4, num_experts_per_tok=2,
-                              kv_channels=16),
-               r"unsupported op aten\.\S+ \(no lowering\) at File \".*modeling_jetmoe\.py\", "
-               r"line \d+, in \w+ \(module model\.layers\.0\.\S+\); \d+ more problem\(s\), "
-               r"other ops: .*"),
-    # (d_model too: DBRX copies it into ffn_config before hidden_size is mapped onto it.)
-    "dbrx": ("dbrx", dict(_SMALL, d_model=64, attn_config={"kv_n_heads": 2, "clip_qkv": 8.0,
-                                                         "rope_theta": 10000.0},
-                          ffn_config={"ffn_hidden_size": 64, "moe_num_experts": 4,
-                                      "moe_top_k": 2}),
-             r"torch\.export failed in transformer\.blocks\.0\.ffn\.experts \(DbrxExperts\): "
-             r"control flow or a shape depends on tensor values \(data-dependent\), which one "
-             r"graph cannot follow \(GuardOnDataDependentSymNode: .*\)"),
     "rwkv": ("rwkv", dict(hidden_size=64, num_hidden_layers=2, attention_hidden_size=64,
                           intermediate_size=128, vocab_size=256, context_length=64),
              r"RwkvForCausalLM: its attention is not computed through transformers' "
@@ -175,3 +162,36 @@ def test_positions_counted_from_the_step_length_are_refused(tmp_path, monkeypatc
     with pytest.raises(AdapterError, match=r"^bart: BartForCausalLM: its positions are counted "
                                            r"from the step's own length"):
         export(model, tmp_path / "m.mlxg", max_seq_len=16)
+
+
+# Without exporter/static_experts.py's static shapes, the two other refusal paths: an op
+# without a lowering (JetMoE's expert_size.tolist()) and data-dependent control flow (DBRX's
+# loop over the experts hit), each in one line.
+UNPATCHED = {
+    "jetmoe": ("jetmoe", dict(_SMALL, num_local_experts=4, num_experts_per_tok=2,
+                              kv_channels=16),
+               r"unsupported op aten\.\S+ \(no lowering\) at File \".*modeling_jetmoe\.py\", "
+               r"line \d+, in \w+ \(module model\.layers\.0\.\S+\); \d+ more problem\(s\), "
+               r"other ops: .*"),
+    # (d_model too: DBRX copies it into ffn_config before hidden_size is mapped onto it.)
+    "dbrx": ("dbrx", dict(_SMALL, d_model=64, attn_config={"kv_n_heads": 2, "clip_qkv": 8.0,
+                                                         "rope_theta": 10000.0},
+                          ffn_config={"ffn_hidden_size": 64, "moe_num_experts": 4,
+                                      "moe_top_k": 2}),
+             r"torch\.export failed in transformer\.blocks\.0\.ffn\.experts \(DbrxExperts\): "
+             r"control flow or a shape depends on tensor values \(data-dependent\), which one "
+             r"graph cannot follow \(GuardOnDataDependentSymNode: .*\)"),
+}
+
+
+@pytest.mark.parametrize("name", list(UNPATCHED))
+def test_refusals_after_tracing_are_one_line(name, tmp_path, monkeypatch):
+    import mlxgraph.exporter.static_experts as static_experts
+
+    monkeypatch.setattr(static_experts, "STATIC_METHODS", {})
+    model_type, overrides, reason = UNPATCHED[name]
+    with pytest.raises(UnsupportedModelError) as e:
+        export(build_model(make_config(model_type, **overrides)), tmp_path / "m.mlxg",
+               max_seq_len=16)
+    assert re.fullmatch(reason, e.value.reason), e.value.reason
+    assert "\n" not in str(e.value)

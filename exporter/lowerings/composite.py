@@ -1,10 +1,13 @@
 """ATen ops written as several existing nodes, each exact: floor, clamp with tensor bounds,
-copy, repeat, var, slice_scatter and scatter of a value (the top-k routers' masks).
+copy, repeat, var, vector norms, slice_scatter and scatter of a value (the top-k routers'
+masks).
 
 A lowering here adds no op to the format: every node it emits computes what torch
 computes, value for value (floor(x) is x // 1 in IEEE arithmetic; a scatter of one value
 is a where over a one-hot match of the indices).
 """
+
+import math
 
 import torch
 
@@ -115,6 +118,34 @@ def var(ctx, node):
     total = _part(ctx, "Sum", ctx.val(node), "sum", x=sq, axes=axes, keepdims=keepdim)
     return ctx.emit_out("Div", a=Operand.tensor(total),
                         b=Operand.literal(float(max(0, n - correction))))
+
+
+@register(aten.linalg_vector_norm.default)
+def vector_norm(ctx, node):
+    """The p-norm over axes, sum(|x|^p)^(1/p): p = 1 a sum of |x|, p = 2 a square root, p =
+    inf a max of |x| (DBRX's router normalises its top-k weights by one)."""
+    args = list(node.args) + [None] * (4 - len(node.args))
+    x = args[0]
+    p = node.kwargs.get("ord", 2 if args[1] is None else args[1])
+    dims = node.kwargs.get("dim", args[2])
+    keepdim = bool(node.kwargs.get("keepdim", args[3] or False))
+    if node.kwargs.get("dtype") is not None:
+        raise LoweringError("vector_norm with a dtype argument")
+    if not isinstance(p, int | float) or not p > 0:
+        raise LoweringError(f"vector_norm of order {p!r} (only positive orders)")
+    axes = _axes(ctx, x, dims)
+    magnitude = _part(ctx, "Abs", ctx.val(x), "abs", x=ctx.slot(x))
+    if math.isinf(p):
+        return ctx.emit_out("Max", x=magnitude, axes=axes, keepdims=keepdim)
+    if p != 1:
+        magnitude = _part(ctx, "Pow", ctx.val(x), "pow", a=Operand.tensor(magnitude),
+                          b=Operand.literal(float(p)))
+    if p == 1:
+        return ctx.emit_out("Sum", x=magnitude, axes=axes, keepdims=keepdim)
+    total = _part(ctx, "Sum", ctx.val(node), "sum", x=magnitude, axes=axes, keepdims=keepdim)
+    if p == 2:
+        return ctx.emit_out("Sqrt", x=total)
+    return ctx.emit_out("Pow", a=Operand.tensor(total), b=Operand.literal(1.0 / p))
 
 
 @register(aten.slice_scatter.default)
