@@ -27,6 +27,7 @@ from mlxgraph.exporter.errors import TraceError
 from mlxgraph.exporter.latent_attention import VALUES_IN_KEYS
 from mlxgraph.exporter.latent_attention import install as install_latent
 from mlxgraph.exporter.model_support import AdapterError, chunked_layers
+from mlxgraph.exporter.own_attention import install_own_attention, unlisted_subclass
 from mlxgraph.exporter.position_hooks import install_position_hooks
 from mlxgraph.exporter.state_adapter import StateRecord, install, recording
 from mlxgraph.exporter.static_experts import install_static_experts
@@ -166,9 +167,14 @@ class DecoderAdapter(torch.nn.Module):
     def __init__(self, model):
         super().__init__()
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        # Attention computed by the model's own code, routed to ours (own_attention.py).
+        if (where := unlisted_subclass(model)) is not None:
+            raise AdapterError(f"{where}: an attention implementation other than the one "
+                               "whose code is routed to the attention op")
+        own = install_own_attention(model, _attention, _in_step)
         # transformers keeps (and only logs about) the implementation of a model whose
         # attention code does not go through the AttentionInterface: nothing would call ours.
-        if model.config._attn_implementation != ATTN_IMPLEMENTATION:
+        if model.config._attn_implementation != ATTN_IMPLEMENTATION and not own:
             raise AdapterError(
                 f"{type(model).__name__}: its attention is not computed through transformers' "
                 "AttentionInterface (the implementation cannot be switched), so no layer "

@@ -285,16 +285,24 @@ def _transposer(ep):
     return transpose
 
 
+def drop_dead_code(graph) -> None:
+    """Erase what nothing reads: dtype assertions (no value, but they count as users, which
+    would block every pattern and keep what they check alive), then every pure node whose
+    result reaches no output (the mask a model builds for attention code the adapter routed
+    to the op, GPT-Neo's: neither lowered nor refused for its ops)."""
+    for n in list(graph.nodes):
+        if _is(n, aten._assert_tensor_metadata.default) and not n.users:
+            graph.erase_node(n)
+    graph.eliminate_dead_code()
+
+
 def run_fusions(ep) -> dict:
     """Apply every fusion to an exported program's graph in place; returns counts per pattern."""
     graph = ep.graph_module.graph
     kinds = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
     names = {s.arg.name for s in ep.graph_signature.input_specs if s.kind.name in kinds}
     constants = {n for n in graph.nodes if n.op == "placeholder" and n.name in names}
-    # Dtype assertions hold no value but count as users, which would block every pattern.
-    for n in list(graph.nodes):
-        if _is(n, aten._assert_tensor_metadata.default) and not n.users:
-            graph.erase_node(n)
+    drop_dead_code(graph)
     counts = {
         "linear": fuse_linear(graph, constants, _transposer(ep)),
         "silu": fuse_silu(graph),
@@ -308,4 +316,4 @@ def run_fusions(ep) -> dict:
     return counts
 
 
-__all__ = ["run_fusions", "fused_rms_norm", "fused_rope"]
+__all__ = ["run_fusions", "drop_dead_code", "fused_rms_norm", "fused_rope"]

@@ -16,6 +16,7 @@ from mlxgraph.exporter.builtins import BUILD_LOCK
 from mlxgraph.exporter.cache_probe import shared_cache_problem
 from mlxgraph.exporter.errors import ExportError, TraceError, UnsupportedModelError
 from mlxgraph.exporter.finite_weights import nonfinite_weights
+from mlxgraph.exporter.fusions import drop_dead_code
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
 from mlxgraph.exporter.model_info import (
     DEFAULT_MAX_SEQ_LEN,
@@ -127,6 +128,7 @@ def _graph(m, max_seq_len: int, step):
         )
     with _TORCH_EXPORT_LOCK:
         ep = step("decompositions", lambda: decompose(ep))
+    drop_dead_code(ep.graph)  # nothing lowered or refused that no output reads (fusions.py)
     writer = GraphWriter(producer=f"mlxgraph exporter (torch {torch.__version__})")
     lowered = step("lowering", lambda: lower_program(ep, writer, output_names=("logits",)))
     return adapter, writer, lowered

@@ -47,6 +47,8 @@ PER_TYPE = {
     # forward is 2.4e-4 from its float64 one (ours 4.0e-4), so 1e-4 measures float32, not
     # the graph; at 0.1 float32 is well conditioned (tests/test_export_breadth.py too).
     "hrm_text": dict(initializer_range=0.1),
+    # one global and one local layer (the default lists 24), a window the prompt passes
+    "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=8),
 }
 
 

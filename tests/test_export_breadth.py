@@ -3,8 +3,9 @@ scatter, grouped and limited top-k, shared experts, phimoe's sparsemixer), and t
 elementwise ops of apertus (expm1, log1p), ministral3 (floor) and gemma3n (repeat, copy,
 slice_scatter, erfinv, var), models attending twice with one layer in a forward
 (diffllama, hrm_text, dory: a KV cache per call), BART's decoders, which count
-positions from the cache's length (bart, blenderbot, blenderbot-small, marian, mbart), and
-MoE code with data-dependent group sizes (jetmoe, dbrx: static shapes).
+positions from the cache's length (bart, blenderbot, blenderbot-small, marian, mbart), MoE
+code with data-dependent group sizes (jetmoe, dbrx: static shapes), and attention a model
+computes in its own code (gpt_neo, routed to the op).
 
 Tiny random configs (transformers' own classes, seeded weights), exported and run against
 transformers as configured by default with its own DynamicCache: a prefill, the same
@@ -55,6 +56,10 @@ CONFIGS = {
                                                   "rope_theta": 10000.0},
                  ffn_config={"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2,
                              "moe_normalize_expert_weights": 2.0}),
+    # attention in the model's own code routed to the op (exporter/own_attention.py):
+    # unscaled, a global and a local layer (a window of 4 the prompt passes); its mask,
+    # built for the code replaced, is dead code
+    "gpt_neo": dict(_SMALL, attention_types=[[["global", "local"], 1]], window_size=4),
     # floor in the attention's position scaling
     "ministral3": dict(_SMALL, head_dim=16),
     # AltUp and Laurel: repeat, copy, slice_scatter; activation sparsity on the first

@@ -195,3 +195,16 @@ def test_refusals_after_tracing_are_one_line(name, tmp_path, monkeypatch):
                max_seq_len=16)
     assert re.fullmatch(reason, e.value.reason), e.value.reason
     assert "\n" not in str(e.value)
+
+
+def test_another_implementation_of_a_routed_attention_class_is_refused(tmp_path):
+    """GPT-Neo's attention code is routed to the op by its exact class; a subclass (its
+    flash-attention class, here a stand-in) runs other code: refused, not routed."""
+    from transformers.models.gpt_neo.modeling_gpt_neo import GPTNeoSelfAttention
+
+    model = build_model(make_config("gpt_neo", **_SMALL, attention_types=[[["global"], 2]]))
+    model.transformer.h[1].attn.attention.__class__ = type("GPTNeoOther", (GPTNeoSelfAttention,),
+                                                           {})
+    with pytest.raises(AdapterError, match=r"^gpt_neo: transformer\.h\.1\.attn\.attention "
+                                           r"\(GPTNeoOther\): an attention implementation other"):
+        export(model, tmp_path / "m.mlxg", max_seq_len=16)
