@@ -49,6 +49,10 @@ PER_TYPE = {
     "hrm_text": dict(initializer_range=0.1),
     # one global and one local layer (the default lists 24), a window the prompt passes
     "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=8),
+    # BART-style configs name their heads and widths per side
+    **{t: dict(encoder_layers=2, d_model=64, decoder_attention_heads=4,
+               encoder_attention_heads=4, decoder_ffn_dim=128, encoder_ffn_dim=128)
+       for t in ("pegasus", "plbart", "mvp")},
 }
 
 

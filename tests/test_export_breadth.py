@@ -67,6 +67,9 @@ CONFIGS = {
     # BART's decoders count positions from the cache's length (exporter/position_hooks.py)
     **{t: dict(_SMALL, decoder_layers=2) for t in ("bart", "blenderbot", "blenderbot-small",
                                                    "marian", "mbart")},
+    # the same with a sinusoidal table (its own module and signature)
+    "pegasus": dict(_SMALL, decoder_layers=2, d_model=64, decoder_attention_heads=4,
+                    decoder_ffn_dim=128),
     # sigmoid router, one route per row with a per-expert RMSNorm (repeat_interleave)
     "ergo": dict(_SMALL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                  head_dim=16),
