@@ -157,7 +157,8 @@ class DecoderAdapter(torch.nn.Module):
         AdapterError: the model's attention implementation cannot be switched.
 
     A model whose attention implementation cannot be switched (its attention code does not
-    go through transformers' AttentionInterface: XGLM, RWKV's recurrence) is refused here,
+    go through transformers' AttentionInterface: BLOOM, RWKV's recurrence; GPT-Neo's and XGLM's
+    are routed by own_attention.py) is refused here,
     before tracing; one that switches but whose layers still call none of it leaves
     ``layer_infos()`` empty after a forward, which export() reports. (transformers'
     ``is_backend_compatible()`` flag cannot decide this up front: some models that do use

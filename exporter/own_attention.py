@@ -5,14 +5,17 @@ transformers' ``AttentionInterface`` (the adapter cannot switch their implementa
 the exact classes listed here (keyed by module and qualified name: the code replaced is
 known), the method that turns projected queries, keys and values into the attention output
 is replaced by a call to the adapter's attention implementation with what that code does
-(its scale, its window), so the layer keeps a KV cache like any other. Everything around
-it (projections, head split and merge, output projection) stays the model's own.
+(its scale, its window), so the layer keeps a KV cache like any other: GPT-Neo's ``_attn``
+(everything around it stays the model's own), XGLM's whole attention forward (its
+projections and the cache code around one softmax attention).
 
 The replacement runs only inside an adapter step (``attend`` is the adapter's attention
 function and ``active()`` says whether a step runs); elsewhere the model's own method runs.
 A subclass of a listed class (another implementation: GPT-Neo's flash-attention class) is
 not the code replaced, so such a model is refused (``unlisted_subclass``).
 """
+
+from mlxgraph.exporter.model_support import AdapterError
 
 
 def _gpt_neo_attn(module, attend, query, key, value, attention_mask=None):
@@ -23,11 +26,30 @@ def _gpt_neo_attn(module, attend, query, key, value, attention_mask=None):
     return out.transpose(1, 2).to(value.dtype), None
 
 
+def _xglm_forward(module, attend, hidden_states, key_value_states=None, cache=None,
+                  attention_mask=None, **kwargs):
+    """XGLMAttention.forward as self-attention: projections, queries scaled before the
+    product (as the original), softmax attention, output projection; (output, None)."""
+    if key_value_states is not None:
+        raise AdapterError(f"{type(module).__name__}: cross-attention is not supported")
+    bsz, tgt_len, _ = hidden_states.size()
+
+    def heads(x):
+        return x.view(bsz, tgt_len, -1, module.head_dim).transpose(1, 2)
+
+    query = heads(module.q_proj(hidden_states) * module.scaling)
+    key, value = heads(module.k_proj(hidden_states)), heads(module.v_proj(hidden_states))
+    out, _ = attend(module, query, key, value, None, scaling=1.0)
+    return module.out_proj(out.reshape(bsz, tgt_len, module.embed_dim)), None
+
+
 # (module, qualified class name) -> (method replaced, replacement, the attribute holding the
 # layer's index: the adapter keys its cache by ``layer_idx``)
 OWN_ATTENTION = {
     ("transformers.models.gpt_neo.modeling_gpt_neo", "GPTNeoSelfAttention"):
         ("_attn", _gpt_neo_attn, "layer_id"),
+    ("transformers.models.xglm.modeling_xglm", "XGLMAttention"):
+        ("forward", _xglm_forward, "layer_idx"),
 }
 
 

@@ -5,7 +5,7 @@ slice_scatter, erfinv, var), models attending twice with one layer in a forward
 (diffllama, hrm_text, dory: a KV cache per call), BART's decoders, which count
 positions from the cache's length (bart, blenderbot, blenderbot-small, marian, mbart), MoE
 code with data-dependent group sizes (jetmoe, dbrx: static shapes), and attention a model
-computes in its own code (gpt_neo, routed to the op).
+computes in its own code (gpt_neo, xglm: routed to the op).
 
 Tiny random configs (transformers' own classes, seeded weights), exported and run against
 transformers as configured by default with its own DynamicCache: a prefill, the same
@@ -60,6 +60,8 @@ CONFIGS = {
     # unscaled, a global and a local layer (a window of 4 the prompt passes); its mask,
     # built for the code replaced, is dead code
     "gpt_neo": dict(_SMALL, attention_types=[[["global", "local"], 1]], window_size=4),
+    # XGLM's whole attention forward replaced (queries scaled before the product)
+    "xglm": dict(_SMALL, d_model=64, attention_heads=4, ffn_dim=128),
     # floor in the attention's position scaling
     "ministral3": dict(_SMALL, head_dim=16),
     # AltUp and Laurel: repeat, copy, slice_scatter; activation sparsity on the first

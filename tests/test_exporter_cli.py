@@ -171,16 +171,15 @@ def test_checkpoint_lacking_a_weight_is_refused(tmp_path, capsys, tiny_hf_folder
 
 
 def test_model_whose_attention_cannot_be_replaced_is_refused(tmp_path):
-    # XGLM computes attention itself instead of through transformers' AttentionInterface
-    # (Falcon did until transformers 5.25: it is now in the parity suite).
-    model = build_model(
-        make_config("xglm", num_layers=1, d_model=64, attention_heads=4, ffn_dim=128,
-                    vocab_size=256)
-    )
-    with pytest.raises(AdapterError, match=r"^xglm: XGLMForCausalLM: its attention is not "
+    # BLOOM computes attention itself (with ALiBi biases) instead of through transformers'
+    # AttentionInterface, and no replacement routes it (exporter/own_attention.py routes
+    # GPT-Neo's and XGLM's; Falcon used the interface from transformers 5.25 on).
+    model = build_model(make_config("bloom", n_layer=1, hidden_size=64, n_head=4,
+                                    vocab_size=256))
+    with pytest.raises(AdapterError, match=r"^bloom: BloomForCausalLM: its attention is not "
                        r"computed through transformers' AttentionInterface \(the implementation "
                        r"cannot be switched\)"):
-        export(model, tmp_path / "xglm.mlxg", max_seq_len=16)
+        export(model, tmp_path / "bloom.mlxg", max_seq_len=16)
     assert model.config._attn_implementation != "mlxgraph"   # left as it was
 
 
