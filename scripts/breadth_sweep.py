@@ -49,6 +49,9 @@ PER_TYPE = {
     "hrm_text": dict(initializer_range=0.1),
     # one global and one local layer (the default lists 24), a window the prompt passes
     "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=8),
+    # DBRX's attention and experts settings are sub-configs (rope_theta among them)
+    "dbrx": dict(d_model=64, attn_config={"kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 1e4},
+                 ffn_config={"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2}),
     # BART-style configs name their heads and widths per side
     **{t: dict(encoder_layers=2, d_model=64, decoder_attention_heads=4,
                encoder_attention_heads=4, decoder_ffn_dim=128, encoder_ffn_dim=128)
