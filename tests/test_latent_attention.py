@@ -19,6 +19,7 @@ import pytest
 import torch
 from parity_helpers import hf_greedy_reference, ids, mlxgraph_parity_errors, rel_err
 from run_cache import build_once
+from tool_helpers import run_cli
 
 import mlxgraph
 from mlxgraph.exporter import export
@@ -55,7 +56,16 @@ FULL_KV_BYTES = 4 * ((16 + 16) + 12) * 4
 
 
 def _model(arch):
-    return build_model(make_config(arch, **FAMILIES[arch]), seed=0)
+    """The seeded model, its routers' score correction biases (noaux_tc; zeros as built)
+    drawn too, so that the bias changes which experts are chosen."""
+    model = build_model(make_config(arch, **FAMILIES[arch]), seed=0)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for m in model.modules():
+            bias = getattr(m, "e_score_correction_bias", None)
+            if bias is not None:
+                bias.copy_(torch.rand(bias.shape, generator=g) * 0.5)
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +112,7 @@ def test_fork_and_restore_continue_bitwise_and_the_file_holds_keys_alone(deepsee
     assert tensors["layer.0.keys"].shape == (1, 1, 6, 64)
 
 
-def test_describe_and_cache_inspect_report_bytes_per_token(deepseek_v2, tmp_path):
+def test_describe_and_cache_inspect_report_bytes_per_token(deepseek_v2, tmp_path, capsys):
     session = deepseek_v2.session(capacity=64)
     session.step(ids([[5, 9, 17]]), range(3))
     view = session.describe()
@@ -110,18 +120,49 @@ def test_describe_and_cache_inspect_report_bytes_per_token(deepseek_v2, tmp_path
     assert view["bytes_per_token"] == 2 * LATENT_BYTES       # vs 2 * FULL_KV_BYTES decompressed
     assert LATENT_BYTES / FULL_KV_BYTES == pytest.approx(256 / 704)
     assert all(la["values_in_keys"] for la in view["layers"])
-    session.save(tmp_path / "c.safetensors")
-    r = subprocess.run([sys.executable, "-m", "mlxgraph", "cache", "inspect", "--json",
-                        str(tmp_path / "c.safetensors")], capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0, r.stderr
-    inspected = json.loads(r.stdout)
+    path = tmp_path / "c.safetensors"
+    session.save(path)
+    code, out, _ = run_cli(capsys, "cache", "inspect", "--json", path)
+    assert code == 0
+    inspected = json.loads(out)
     assert inspected["bytes_per_token"] == 2 * LATENT_BYTES
     assert [la["values_in_keys"] for la in inspected["layers"]] == [True, True]
-    r = subprocess.run([sys.executable, "-m", "mlxgraph", "cache", "inspect",
-                        str(tmp_path / "c.safetensors")], capture_output=True, text=True,
-                       timeout=120)
-    assert f"{2 * LATENT_BYTES} bytes per token" in r.stdout and "keys only (latent)" in r.stdout
+    code, out, _ = run_cli(capsys, "cache", "inspect", path)
+    assert f"{2 * LATENT_BYTES} bytes per token" in out and "keys only (latent)" in out
+
+
+def test_cache_diff_compares_latent_layers(deepseek_v2, tmp_path, capsys):
+    """cache diff reads a latent layer's values back from its keys."""
+    paths = []
+    for name, prompt in (("a", [5, 9, 17, 3, 2]), ("b", [5, 9, 17, 4, 2])):
+        session = deepseek_v2.session(capacity=64)
+        session.step(ids([prompt]), range(5))
+        paths.append(tmp_path / f"{name}.safetensors")
+        session.save(paths[-1])
+    code, out, _ = run_cli(capsys, "cache", "diff", paths[0], paths[0], "--json")
+    assert code == 0 and json.loads(out)["same"]
+    code, out, _ = run_cli(capsys, "cache", "diff", paths[0], paths[1], "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["first_divergence"] == 3
+    assert all(r["values_max_rel"] > 0 for la in doc["layers"] for r in la["ranges"])
+
+
+def test_generate_rewinds_a_step_fed_ahead_on_a_latent_cache(deepseek_v2):
+    """Stopping on a token trims the step generate fed ahead: the keys-only store rewinds
+    like any other, and the session continues as if the step never ran."""
+    import mlx.core as mx
+
+    from mlxgraph.generation.loop import generate
+
+    greedy = lambda logits: mx.argmax(logits, axis=-1).astype(mx.int32)  # noqa: E731
+    out = list(generate(deepseek_v2.session(capacity=64), [1, 2, 3], greedy, max_tokens=10))
+    session = deepseek_v2.session(capacity=64)
+    got = list(generate(session, [1, 2, 3], greedy, max_tokens=10, stop_ids=[out[4]]))
+    assert got == out[:out.index(out[4]) + 1] and session.length == 3 + len(got) - 1
+    fresh = deepseek_v2.session(capacity=64)
+    fresh.step(ids([[1, 2, 3, *got[:-1]]]), range(session.length))
+    a, b = (np.array(s.step(ids([got[-1]]), [s.length]))[0, -1] for s in (session, fresh))
+    assert rel_err(a, b) < 1e-5
 
 
 def test_a_quantized_latent_cache_stays_close(deepseek_v2):
