@@ -117,11 +117,12 @@ UNSUPPORTED_MODULES = (
                exempt_classes=f"{SCAN_CLASSES}|{DELTA_CLASSES}"),
 )
 
-# Layer types (config.layer_types) the adapter runs; "sparse"/"dense"/"moe" name MLPs,
-# "conv" LFM2's short-convolution layers, "mamba" / "linear_attention" state-space layers
+# Layer types (config.layer_types) the adapter runs; "sparse"/"dense"/"moe" name MLPs and
+# "mlp" a layer that is an MLP alone (Nemotron-H's '-': no attention, no state, so no
+# cache), "conv" LFM2's short-convolution layers, "mamba" / "linear_attention" state-space layers
 # (recurrent state, exporter/state_adapter.py; their modules are checked by the rules above).
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
-MLP_LAYER_TYPES = ("sparse", "dense", "moe")
+MLP_LAYER_TYPES = ("sparse", "dense", "moe", "mlp")
 STATE_LAYER_TYPES = ("conv", "mamba", "linear_attention", "hybrid")
 
 

@@ -2,10 +2,11 @@
 as off-graph session state (issue 30).
 
 Mamba-2 and its hybrids (Bamba, Falcon-H1, Granite 4 / granitemoehybrid, Nemotron-H) and
-Qwen3-Next export and match transformers eager over a prefill, 40 greedy decode steps, a
-chunked prefill and batched steps; Mamba-2's 150-token and Qwen3-Next's 80-token prompts
-cross the kernels' 64-token blocks. The kernels match the ops' token-by-token eager
-definitions across block boundaries and steps; what they cannot do is refused.
+Qwen3-Next export and match transformers eager (Nemotron-H with its MLP-only and MoE
+layers too) over a prefill, 40 greedy decode steps, a chunked prefill and batched steps;
+Mamba-2's 150-token and Qwen3-Next's 80-token prompts cross the kernels' 64-token blocks.
+The kernels match the ops' token-by-token eager definitions across block boundaries and
+steps; what they cannot do is refused.
 """
 
 import mlx.core as mx
@@ -14,6 +15,7 @@ import pytest
 import torch
 from parity_helpers import hf_greedy_reference, mlxgraph_parity_errors
 
+import mlxgraph
 from mlxgraph.exporter import export
 from mlxgraph.exporter.attention_op import ReferenceCache, using_reference_cache
 from mlxgraph.exporter.builtins import build_model, make_config
@@ -71,6 +73,35 @@ def test_mamba2_families_match_transformers(arch, tmp_path):
     assert max(errors[k] for k in ("prefill", "decode", "chunked", "batched")) < TOL, errors
     assert errors["tokens"] == reference[2]
 
+
+# Nemotron-H's layer kinds in one pattern (hybrid_override_pattern): 'M' Mamba-2, '-' an MLP
+# alone, '*' attention, 'E' a routed MoE (grouped top-k by sigmoid scores plus a correction
+# bias, a shared expert). The '-' and 'E' layers keep neither a KV cache nor a state.
+NEMOTRON_H_PATTERN = dict(_ATTN, num_hidden_layers=4, hybrid_override_pattern="M-*E",
+                          head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16,
+                          n_groups=2, conv_kernel=4, chunk_size=8, n_routed_experts=4,
+                          num_experts_per_tok=2, moe_intermediate_size=32,
+                          moe_shared_expert_intermediate_size=32, n_group=2, topk_group=1)
+
+
+def test_nemotron_h_mlp_and_moe_layers_match_transformers(tmp_path):
+    model = build_model(make_config("nemotron_h", **NEMOTRON_H_PATTERN), seed=0)
+    assert model.config.layer_types == ["linear_attention", "mlp", "full_attention", "moe"]
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # zeros as built: drawn, so that the bias changes the experts chosen
+        for m in model.modules():
+            if (bias := getattr(m, "e_score_correction_bias", None)) is not None:
+                bias.copy_(torch.rand(bias.shape, generator=g) * 0.5)
+    stats = export(model, tmp_path / "m.mlxg", max_seq_len=512)
+    assert stats["ops"]["UpdateAndAttend"] == stats["ops"]["SsdScan"] == 1
+    assert stats["ops"]["TopK"] >= 1  # the MoE layer's router
+    metadata = mlxgraph.load(tmp_path / "m.mlxg").metadata  # one KV layer, one conv + scan
+    assert (len(metadata.layers), len(metadata.states)) == (1, 2)
+    prompt = torch.randint(4, 256, (1, 13), generator=torch.Generator().manual_seed(7))
+    reference = hf_greedy_reference(model, prompt, 40)
+    errors = mlxgraph_parity_errors(tmp_path / "m.mlxg", prompt.numpy(), reference, chunk=4)
+    assert max(errors[k] for k in ("prefill", "decode", "chunked", "batched")) < TOL, errors
+    assert errors["tokens"] == reference[2]
 
 def test_the_kernel_matches_the_token_by_token_definition_across_blocks():
     g = torch.Generator().manual_seed(0)
