@@ -12,9 +12,9 @@ cache alone decides the mask (docs/architecture.md#the-attention-contract).
 [T]) -> logits [1, T, vocab]``, called with ``use_cache=False`` and explicit position ids.
 While it runs, each attention call records its layer's cache geometry (kv heads, head
 dims, sliding window as the model itself passes it, attention chunk from the config's
-layer types), which becomes the graph's metadata. Attention sinks (gpt-oss's ``s_aux``)
-and logit softcapping (Gemma-2's ``softcap``) go into the op; any other argument an
-attention call passes is refused unless it is known not to change the result.
+layer types), which becomes the graph's metadata. Attention sinks (gpt-oss's ``s_aux``),
+logit softcapping (Gemma-2's ``softcap``) and ALiBi slopes go into the op; any other
+argument an attention call passes is refused unless it is known not to change the result.
 """
 
 from contextvars import ContextVar
@@ -22,6 +22,7 @@ from contextvars import ContextVar
 import torch
 from transformers import AttentionInterface
 
+from mlxgraph.exporter.alibi_attention import ALIBI_SLOPES
 from mlxgraph.exporter.attention_op import ReferenceCache, update_and_attend, using_reference_cache
 from mlxgraph.exporter.errors import TraceError
 from mlxgraph.exporter.latent_attention import VALUES_IN_KEYS
@@ -46,9 +47,10 @@ _HARMLESS_KWARGS = frozenset({
     "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "return_dict",
     "output_hidden_states", "output_router_logits",
 })
-# What the op implements: sliding window, logit softcapping, attention sinks (gpt-oss), and
-# latent attention's values read from its keys (exporter/latent_attention.py passes it).
-_IMPLEMENTED_KWARGS = ("sliding_window", "softcap", "s_aux", VALUES_IN_KEYS)
+# What the op implements: sliding window, logit softcapping, attention sinks (gpt-oss),
+# latent attention's values read from its keys (exporter/latent_attention.py passes it), and
+# ALiBi's slopes per query head (exporter/alibi_attention.py passes them).
+_IMPLEMENTED_KWARGS = ("sliding_window", "softcap", "s_aux", VALUES_IN_KEYS, ALIBI_SLOPES)
 
 
 class TraceRecord:
@@ -126,8 +128,12 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         )
     record.reference_cache.windows[layer_id] = window
     record.reference_cache.chunks[layer_id] = chunk
+    slopes = kwargs.get(ALIBI_SLOPES)
+    if slopes is not None and len(slopes) != query.shape[1]:
+        raise AdapterError(f"{where}: {len(slopes)} ALiBi slopes for {query.shape[1]} heads")
     out = torch.ops.mlxgraph.update_and_attend(query, key, value, position, layer_id, scale, None,
-                                               kwargs.get("s_aux"), softcap, value_width)
+                                               kwargs.get("s_aux"), softcap, value_width,
+                                               None if slopes is None else list(slopes))
     # Contiguous as transformers' eager attention returns it: models .view() it (afmoe).
     return out.transpose(1, 2).contiguous(), None
 
@@ -157,8 +163,8 @@ class DecoderAdapter(torch.nn.Module):
         AdapterError: the model's attention implementation cannot be switched.
 
     A model whose attention implementation cannot be switched (its attention code does not
-    go through transformers' AttentionInterface: BLOOM, RWKV's recurrence; GPT-Neo's and XGLM's
-    are routed by own_attention.py) is refused here,
+    go through transformers' AttentionInterface: RWKV's recurrence; GPT-Neo's, XGLM's, BLOOM's
+    and MPT's are routed by own_attention.py) is refused here,
     before tracing; one that switches but whose layers still call none of it leaves
     ``layer_infos()`` empty after a forward, which export() reports. (transformers'
     ``is_backend_compatible()`` flag cannot decide this up front: some models that do use

@@ -97,6 +97,7 @@ def update_and_attend(
     sinks: torch.Tensor | None = None,
     softcap: float = 0.0,
     value_width: int = 0,
+    alibi_slopes: list[float] | None = None,
 ) -> torch.Tensor:
     """Append k/v to layer ``layer_id``'s cache and attend q over the cached window.
 
@@ -109,6 +110,8 @@ def update_and_attend(
         softcap: 0 = none; else scores = tanh(scores / softcap) * softcap before the mask.
         value_width: 0, or latent attention (MLA absorbed): v is k and the values are the
             first value_width columns of the keys (the graph's cache keeps keys alone).
+        alibi_slopes: None or one slope per query head (ALiBi): each score gains
+            slope * (key position - query position) after softcap, before the mask.
     Returns:
         [B, Hq, T, Dv] in out_dtype (Dv = value_width when it is set).
     """
@@ -127,6 +130,11 @@ def update_and_attend(
     scores = (qf @ keys.float().transpose(-1, -2)) * scale          # [B, Hkv, G*T, S]
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
+    if alibi_slopes is not None:
+        distance = (kpos[None, :] - qpos[:, None]).float()             # [T, S]
+        slopes = torch.tensor(alibi_slopes, dtype=torch.float32).reshape(1, hkv, group, 1, 1)
+        bias = slopes * distance                                      # [1, Hkv, G, T, S]
+        scores = scores + bias.reshape(1, hkv, group * t, -1)
     visible = kpos[None, :] <= qpos[:, None]                          # [T, S]
     window = cache.windows.get(layer_id, 0)
     if window > 0:
@@ -148,6 +156,6 @@ def update_and_attend(
 
 @update_and_attend.register_fake
 def _fake(q, k, v, position, layer_id, scale, out_dtype=None, sinks=None, softcap=0.0,
-          value_width=0):
+          value_width=0, alibi_slopes=None):
     b, hq, t, _ = q.shape
     return q.new_empty((b, hq, t, value_width or v.shape[-1]), dtype=out_dtype or q.dtype)

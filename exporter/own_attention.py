@@ -7,7 +7,9 @@ known), the method that turns projected queries, keys and values into the attent
 is replaced by a call to the adapter's attention implementation with what that code does
 (its scale, its window), so the layer keeps a KV cache like any other: GPT-Neo's ``_attn``
 (everything around it stays the model's own), XGLM's whole attention forward (its
-projections and the cache code around one softmax attention).
+projections and the cache code around one softmax attention), and BLOOM's and MPT's
+attention forwards with their ALiBi slopes (exporter/alibi_attention.py: the slopes are
+taken from the model's own code once, when the module is routed).
 
 The replacement runs only inside an adapter step (``attend`` is the adapter's attention
 function and ``active()`` says whether a step runs); elsewhere the model's own method runs.
@@ -15,6 +17,7 @@ A subclass of a listed class (another implementation: GPT-Neo's flash-attention 
 not the code replaced, so such a model is refused (``unlisted_subclass``).
 """
 
+from mlxgraph.exporter.alibi_attention import bloom_forward, bloom_slopes, mpt_forward, mpt_slopes
 from mlxgraph.exporter.model_support import AdapterError
 
 
@@ -44,12 +47,17 @@ def _xglm_forward(module, attend, hidden_states, key_value_states=None, cache=No
 
 
 # (module, qualified class name) -> (method replaced, replacement, the attribute holding the
-# layer's index: the adapter keys its cache by ``layer_idx``)
+# layer's index: the adapter keys its cache by ``layer_idx``, and None or what the module's
+# ALiBi slopes are: a function of the module, called once when it is routed)
 OWN_ATTENTION = {
     ("transformers.models.gpt_neo.modeling_gpt_neo", "GPTNeoSelfAttention"):
-        ("_attn", _gpt_neo_attn, "layer_id"),
+        ("_attn", _gpt_neo_attn, "layer_id", None),
     ("transformers.models.xglm.modeling_xglm", "XGLMAttention"):
-        ("forward", _xglm_forward, "layer_idx"),
+        ("forward", _xglm_forward, "layer_idx", None),
+    ("transformers.models.bloom.modeling_bloom", "BloomAttention"):
+        ("forward", bloom_forward, "layer_idx", bloom_slopes),
+    ("transformers.models.mpt.modeling_mpt", "MptAttention"):
+        ("forward", mpt_forward, "layer_idx", mpt_slopes),
 }
 
 
@@ -78,8 +86,10 @@ def install_own_attention(model, attend, active) -> list:
         entry = OWN_ATTENTION.get(_key(type(module)))
         if entry is None:
             continue
-        name, replacement, index = entry
+        name, replacement, index, slopes = entry
         if not getattr(module, "_mlxgraph_own_attention", False):
+            if slopes is not None:
+                module._mlxgraph_alibi_slopes = slopes(module)
             original = getattr(module, name)
             setattr(module, name, _dispatch(module, original, replacement, attend, active))
             module.layer_idx = getattr(module, index)

@@ -4270,8 +4270,35 @@ class UpdateAndAttendNode(object):
             return self._tab.Get(flatbuffers.number_types.Float32Flags, o + self._tab.Pos)
         return None
 
+    # UpdateAndAttendNode
+    def AlibiSlopes(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Float32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return 0
+
+    # UpdateAndAttendNode
+    def AlibiSlopesAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Float32Flags, o)
+        return 0
+
+    # UpdateAndAttendNode
+    def AlibiSlopesLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # UpdateAndAttendNode
+    def AlibiSlopesIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        return o == 0
+
 def UpdateAndAttendNodeStart(builder):
-    builder.StartObject(10)
+    builder.StartObject(11)
 
 def UpdateAndAttendNodeAddQ(builder, q):
     builder.PrependInt32Slot(0, q, None)
@@ -4302,6 +4329,12 @@ def UpdateAndAttendNodeAddSinks(builder, sinks):
 
 def UpdateAndAttendNodeAddSoftcap(builder, softcap):
     builder.PrependFloat32Slot(9, softcap, None)
+
+def UpdateAndAttendNodeAddAlibiSlopes(builder, alibiSlopes):
+    builder.PrependUOffsetTRelativeSlot(10, flatbuffers.number_types.UOffsetTFlags.py_type(alibiSlopes), 0)
+
+def UpdateAndAttendNodeStartAlibiSlopesVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
 
 def UpdateAndAttendNodeEnd(builder):
     return builder.EndObject()

@@ -8,8 +8,9 @@ each one are grouped, so K/V are never repeated. Two paths:
   native masked softmax (interpreter/native/activations.py): MLX's CPU fused attention
   falls back to its own ops, whose softmax calls the x86-64 wheel's scalar exp (6 of the
   7.6 ms of a 128-token, 16-head causal attention). A softcapped layer takes it too
-  (``tanh(scores / c) * c`` sits between the product and the softmax), with MLX's softmax
-  when the native one is not available.
+  (``tanh(scores / c) * c`` sits between the product and the softmax), and so does an ALiBi
+  layer (``slope[h] * (s - p)`` added to the float32 scores, so the bias is never rounded
+  to a half-precision mask), with MLX's softmax when the native one is not available.
 - MLX's fused ``mx.fast.scaled_dot_product_attention`` (sinks included) for everything else:
   other dtypes, additive masks, ``MLXGRAPH_NATIVE_ACTIVATIONS=0``, no native build.
 """
@@ -25,7 +26,8 @@ from mlxgraph.interpreter.native.activations import native_for
 
 
 def attend(q: mx.array, keys: mx.array, values: mx.array, mask: Mask, scale: float,
-           out_dtype: mx.Dtype, sinks: mx.array | None = None, softcap: float = 0.0) -> mx.array:
+           out_dtype: mx.Dtype, sinks: mx.array | None = None, softcap: float = 0.0,
+           alibi: tuple | None = None) -> mx.array:
     """Scaled dot-product attention of a step's queries over the cached keys/values.
 
     Args:
@@ -40,6 +42,9 @@ def attend(q: mx.array, keys: mx.array, values: mx.array, mask: Mask, scale: flo
         sinks: None or ``[Hq]`` sink logits: one extra softmax column per query head,
             dropped from the output (gpt-oss).
         softcap: 0 (none) or c > 0: ``scores = tanh(scores / c) * c`` before the mask.
+        alibi: None or ``(slopes [Hq] float32, distance [T, S] int)``: each score gains
+            ``slopes[h] * distance[i, j]`` (key position minus query position) after
+            softcapping, before the mask.
 
     Returns:
         ``[B, Hq, T, Dv]`` in ``out_dtype`` (lazy). The softmax runs in float32.
@@ -83,19 +88,24 @@ def attend(q: mx.array, keys: mx.array, values: mx.array, mask: Mask, scale: flo
     if softcap and not (math.isfinite(softcap) and softcap > 0):
         raise ValueError(f"attend: softcap must be a positive finite number (0 = none), "
                          f"got {softcap}")
+    if alibi is not None and (alibi[0].shape != (hq,) or alibi[1].shape != (t, s)):
+        raise ValueError(f"attend: ALiBi needs [{hq}] slopes and [{t}, {s}] distances, got "
+                         f"{alibi[0].shape} and {alibi[1].shape}")
     native = native_for(q, keys, values)
     if mask is not None and not isinstance(mask, str) and mask.dtype != mx.bool_:
         native = None  # an additive mask: MLX's fused kernel adds it
-    if softcap or native is not None:
-        out = _attend_explicit(q, keys, values, mask, scale, sinks, softcap, native)
+    if softcap or alibi is not None or native is not None:
+        out = _attend_explicit(q, keys, values, mask, scale, sinks, softcap, native, alibi)
     else:
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=mask,
                                                    sinks=sinks)
     return out if out.dtype == out_dtype else out.astype(out_dtype)
 
 
-def _attend_explicit(q, keys, values, mask: Mask, scale: float, sinks, softcap: float, native):
-    """Attention written out: float32 scores (softcapped if ``softcap``), the masked softmax
+def _attend_explicit(q, keys, values, mask: Mask, scale: float, sinks, softcap: float, native,
+                     alibi=None):
+    """Attention written out: float32 scores (softcapped if ``softcap``, ALiBi's bias
+    added if ``alibi``), the masked softmax
     (``native``'s primitive, or MLX's ops when None), then the product with V.
 
     The query heads sharing a K/V head are adjacent rows of one product (``[B, Hkv, G*T, D]``
@@ -110,6 +120,9 @@ def _attend_explicit(q, keys, values, mask: Mask, scale: float, sinks, softcap: 
     if softcap:
         scores = mx.tanh(scores / softcap) * softcap
     scores = scores.reshape(b, hq, t, s)
+    if alibi is not None:
+        slopes, distance = alibi
+        scores = scores + slopes.reshape(1, hq, 1, 1) * distance.astype(mx.float32)
     if native is not None:
         array_mask = None if mask is None or isinstance(mask, str) else mask
         probs = native.attention_softmax(scores, isinstance(mask, str), array_mask, sinks)

@@ -6,8 +6,11 @@ by one node only (two nodes writing one cache would interleave their histories),
 entry in ``metadata.layers``, and is an int in [0, 2**31 - 1] (the key of a saved cache
 file's layer, ``layer.<id>.keys``). ``verify`` makes these checks so that no file it calls
 valid is refused by ``load`` (tests/test_verify_load_parity.py). A latent-attention layer
-(format 1.3, ``values_in_keys``) reads its values from its keys: its node's v is its k.
+(format 1.3, ``values_in_keys``) reads its values from its keys: its node's v is its k. A
+node's ALiBi slopes (format 1.3, ``alibi_slopes``) are one finite number per query head.
 """
+
+import math
 
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.op_catalogue import Trait, entry
@@ -47,6 +50,8 @@ def check_layers(g) -> None:
         used[lid] = i
         if known[lid].values_in_keys:
             _check_values_in_keys(g, t, known[lid], i, specs[code].short_name)
+        if getattr(t, "alibi_slopes", None) is not None:
+            _check_alibi(g, t, i, specs[code].short_name)
 
 
 def _check_values_in_keys(g, t, lc, i: int, name: str) -> None:
@@ -61,3 +66,18 @@ def _check_values_in_keys(g, t, lc, i: int, name: str) -> None:
         raise GraphFormatError(
             f"layer_id {lc.layer_id}: the output's last axis is {last.size}, its values are "
             f"v_head_dim {lc.v_head_dim} wide", node=i, field=f"{name}.out")
+
+
+def _check_alibi(g, t, i: int, name: str) -> None:
+    """ALiBi slopes (format 1.3): finite, one per query head, so q's head axis (axis 1 of
+    ``[B, Hq, T, D]``) must be static to be counted."""
+    slopes, shape = t.alibi_slopes, g.tensors[t.q].shape or ()
+    heads = shape[1] if len(shape) == 4 else None
+    if heads is None or heads.symbol != -1 or heads.size != len(slopes):
+        got = "not static" if heads is None or heads.symbol != -1 else heads.size
+        raise GraphFormatError(
+            f"{len(slopes)} ALiBi slopes for q's query heads ({got}): one per head",
+            node=i, field=f"{name}.alibi_slopes")
+    if not all(math.isfinite(x) for x in slopes):
+        raise GraphFormatError("an ALiBi slope is not finite", node=i,
+                               field=f"{name}.alibi_slopes")

@@ -171,15 +171,15 @@ def test_checkpoint_lacking_a_weight_is_refused(tmp_path, capsys, tiny_hf_folder
 
 
 def test_model_whose_attention_cannot_be_replaced_is_refused(tmp_path):
-    # BLOOM computes attention itself (with ALiBi biases) instead of through transformers'
+    # GPT-NeoX-Japanese computes attention itself instead of through transformers'
     # AttentionInterface, and no replacement routes it (exporter/own_attention.py routes
-    # GPT-Neo's and XGLM's; Falcon used the interface from transformers 5.25 on).
-    model = build_model(make_config("bloom", n_layer=1, hidden_size=64, n_head=4,
-                                    vocab_size=256))
-    with pytest.raises(AdapterError, match=r"^bloom: BloomForCausalLM: its attention is not "
-                       r"computed through transformers' AttentionInterface \(the implementation "
-                       r"cannot be switched\)"):
-        export(model, tmp_path / "bloom.mlxg", max_seq_len=16)
+    # GPT-Neo's, XGLM's, BLOOM's and MPT's; Falcon used the interface from transformers 5.25 on).
+    model = build_model(make_config("gpt_neox_japanese", num_hidden_layers=1, hidden_size=64,
+                                    num_attention_heads=4, vocab_size=256))
+    with pytest.raises(AdapterError, match=r"^gpt_neox_japanese: GPTNeoXJapaneseForCausalLM: its "
+                       r"attention is not computed through transformers' AttentionInterface "
+                       r"\(the implementation cannot be switched\)"):
+        export(model, tmp_path / "gnj.mlxg", max_seq_len=16)
     assert model.config._attn_implementation != "mlxgraph"   # left as it was
 
 

@@ -69,7 +69,7 @@ def test_json_summary(capsys, graphs):
     assert doc["constant_bytes"]["duplicates"] == []
     assert doc["metadata"]["cache"] == [
         {"layers": [0, 1], "kv_heads": 2, "head_dim": 8, "v_head_dim": 8, "sliding_window": 0,
-         "attention_chunk": 0, "values_in_keys": False}
+         "attention_chunk": 0, "values_in_keys": False, "alibi": False}
     ]
     assert doc["inputs"][0] == {
         "name": "tokens",

@@ -162,7 +162,7 @@ SETTINGS = {
             "vocab_size": 256,
             "alibi": True,
         },
-        "ALiBi position biases are not supported",
+        "ALiBi position biases rounded to bfloat16 (Falcon's) are not supported",
     ),
 }
 

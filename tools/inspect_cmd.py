@@ -60,18 +60,25 @@ def run(args) -> int:
     return 0
 
 
-def cache_groups(layers) -> list:
-    """Consecutive layers with the same cache geometry, as [{'layers': [first, last], ...}]."""
+def cache_groups(layers, alibi=frozenset()) -> list:
+    """Consecutive layers with the same cache geometry, as [{'layers': [first, last], ...}];
+    ``alibi``: the layer ids whose attention node has ALiBi slopes (format 1.3)."""
     groups = []
     for lc in layers:
         geo = {"kv_heads": lc.kv_heads, "head_dim": lc.head_dim, "v_head_dim": lc.v_head_dim,
                "sliding_window": lc.sliding_window, "attention_chunk": lc.attention_chunk,
-               "values_in_keys": lc.values_in_keys}
+               "values_in_keys": lc.values_in_keys, "alibi": lc.layer_id in alibi}
         if groups and groups[-1]["geometry"] == geo and groups[-1]["layers"][1] == lc.layer_id - 1:
             groups[-1]["layers"][1] = lc.layer_id
         else:
             groups.append({"layers": [lc.layer_id, lc.layer_id], "geometry": geo})
     return [{"layers": g["layers"], **g["geometry"]} for g in groups]
+
+
+def alibi_layers(graph) -> frozenset:
+    """The layer ids of the attention nodes that add ALiBi's bias (format 1.3)."""
+    return frozenset(n.fields["layer_id"] for n in graph.nodes
+                     if entry(n.op).has(Trait.ATTENTION) and n.fields.get("alibi_slopes"))
 
 
 def _io(graph, which) -> list:
@@ -152,7 +159,7 @@ def summary(graph, path) -> dict:
             "tokenizer_files": {
                 k: len(v.encode("utf-8")) for k, v in sorted(m.tokenizer_files.items())
             },
-            "cache": cache_groups(m.layers),
+            "cache": cache_groups(m.layers, alibi_layers(graph)),
             # format 1.3: each recurrent layer's off-graph state
             "states": [{"layer": s.layer_id, "shape": list(s.shape), "dtype": s.dtype}
                        for s in m.states],
@@ -211,6 +218,7 @@ def print_summary(doc, version: str) -> None:
             window = f"chunk {g['attention_chunk']}"
         # Latent attention (format 1.3): the cache keeps keys alone, values their prefix.
         latent = " values in keys" if g["values_in_keys"] else ""
+        latent += " alibi" if g["alibi"] else ""
         cache.append(
             f"{span}: kv_heads {g['kv_heads']} head_dim {g['head_dim']} v_head_dim "
             f"{g['v_head_dim']}{latent} {window}"

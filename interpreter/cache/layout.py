@@ -150,11 +150,18 @@ def slot_mask(modulus: int, end: int, first_query: int, n_queries: int, window: 
     if n_queries == 1 and base >= oldest_visible(first_query, window, chunk):
         # Every slot is inside the window; softmax ignores key order.
         return None
+    return _band(slot_positions(modulus, end)[None, :], first_query, n_queries, window, chunk)
+
+
+def slot_positions(modulus: int, end: int) -> mx.array:
+    """The position each slot of a whole ring buffer holds: int32 ``[S]``, slot ``s`` the
+    one position in ``[end - S, end)`` congruent to ``s`` (a stale slot maps to a position
+    before every window, so masks hide it)."""
+    base = end - modulus
     pivot = base % modulus
     slots = mx.arange(modulus, dtype=mx.int32)
     # Slots below the pivot hold the newest positions (they were written after wrapping).
-    keys = slots + (base - pivot) + modulus * (slots < pivot).astype(mx.int32)
-    return _band(keys[None, :], first_query, n_queries, window, chunk)
+    return slots + (base - pivot) + modulus * (slots < pivot).astype(mx.int32)
 
 
 def _band(keys: mx.array, first_query: int, n_queries: int, window: int,

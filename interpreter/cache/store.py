@@ -31,6 +31,7 @@ from mlxgraph.interpreter.cache.layout import (
     ordered_mask,
     read_slots,
     slot_mask,
+    slot_positions,
     write_slots,
 )
 from mlxgraph.interpreter.cache.state import StoreState
@@ -180,6 +181,24 @@ class KVStore(StoreState):
         self.length -= n
         return self.length
 
+    def relative_positions(self) -> mx.array:
+        """Key position minus query position, int32 ``[T, S]``, for the queries of the step
+        staged now and the keys its ``update`` returned (ALiBi's distance,
+        docs/architecture.md#alibi); lazy, from host ints.
+
+        Raises:
+            CacheError: no update is staged.
+        """
+        if self._staged is None:
+            raise self._error("relative_positions() without a staged update()")
+        first, n = self._key_layout
+        if first is None:   # a whole ring, its slots out of order
+            keys = slot_positions(n, self.length + self._pending)
+        else:
+            keys = first + mx.arange(n, dtype=mx.int32)
+        queries = self.length + mx.arange(self._pending, dtype=mx.int32)
+        return keys[None, :] - queries[:, None]
+
     # -- introspection ----------------------------------------------------------------
 
     @property
@@ -259,9 +278,11 @@ class KVStore(StoreState):
             keys = buf_k[:, :, lo : lo + end - first, :]
             values = _maybe(lambda b: b[:, :, lo : lo + end - first, :], buf_v)
             mask = ordered_mask(first, end - first, start, t, w, self.chunk)
+            self._key_layout = (first, end - first)
         else:
             keys, values = buf_k, buf_v
             mask = slot_mask(slots, end, start, t, w, self.chunk)
+            self._key_layout = (None, slots)
         return keys, values, mask, (buf_k, buf_v, end, oldest, dtype, k.shape[0])
 
     def _stage_linear(self, k: mx.array, v: mx.array, dtype: mx.Dtype):
@@ -277,6 +298,7 @@ class KVStore(StoreState):
             v = _maybe(lambda x: mx.concatenate(
                 [read_slots(self._values, first, start - first, slots), x], axis=2), v)
         mask = ordered_mask(first, end - first, start, t, w, self.chunk)
+        self._key_layout = (first, end - first)
         # The last `slots` positions become the ring: rotate them so that position p
         # sits in slot p % slots. The concatenation makes fresh contiguous buffers, so
         # the old ring is dropped at commit.
