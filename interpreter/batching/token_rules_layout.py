@@ -174,6 +174,8 @@ def _update_and_attend(n):
                         "[B, H, T, D]")
     if n.ax("sinks") is not None:
         raise n.mix("its sinks carry tokens")
+    # ALiBi's slopes (format 1.3) are a static attribute: no tokens. Each row's distances
+    # come from its own store in the kernel, so its bias is its solo step's.
     return [(2, 1)]
 
 
