@@ -144,10 +144,14 @@ def _bloom_form(tokens, window=0, slopes=SLOPES):
     return out
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native-softmax", "mlx-softmax"])
 @pytest.mark.parametrize("window", [0, 3])
-def test_the_bias_is_blooms_over_a_flat_cache_and_a_ring(tmp_path, window):
+def test_the_bias_is_blooms_over_a_flat_cache_and_a_ring(tmp_path, monkeypatch, window, native):
     """A prefill, a chunk, then one-token steps; with a window of 3 the ring wraps (its
-    slots out of position order), so the distances come from where each slot's key sits."""
+    slots out of position order), so the distances come from where each slot's key sits.
+    Both softmaxes of the explicit path: the native one (float32 on the CPU) and MLX's."""
+    if not native:
+        monkeypatch.setattr("mlxgraph.interpreter.attention.native_for", lambda *a: None)
     (tmp_path / "g.mlxg").write_bytes(_alibi_graph())
     program = mlxgraph.load(tmp_path / "g.mlxg")
     session = program.session(capacity=16, windows=window or None, max_step=4)
