@@ -48,11 +48,13 @@ class Program:
         self.initial_tensors = tuple(constants.get(slot) for slot in range(self.tensor_count))
         self.nodes = nodes                  # [ResolvedNode]
         self.layers = layers                # {layer_id: LayerCacheInfo}
-        # {layer_id: StateLayerInfo}: recurrent states (format 1.3), checked by the verifier.
-        self.states = {s.layer_id: s for s in graph.metadata.states}
         # {layer_id: the kind of state its node keeps} (op_catalogue's ``state`` fact).
         self.state_kinds = {n.fixed["layer_id"]: entry(n.record.op).state for n in nodes
                             if entry(n.record.op).has(Trait.STATE)}
+        # {layer_id: StateLayerInfo}: recurrent states (format 1.3), checked by the verifier,
+        # of this program's nodes: a pipeline stage keeps its own layers' states only.
+        self.states = {s.layer_id: s for s in graph.metadata.states
+                       if s.layer_id in self.state_kinds}
         self.inputs = graph.inputs
         self.outputs = graph.outputs
         self.device_plan = device_plan      # "cpu" or "gpu": the kernels' variants chosen
@@ -201,23 +203,15 @@ class Program:
         Raises:
             SessionError: a bad override. CacheError: a cache policy a store cannot honour.
         """
+        # One set of options for both kinds, so a pipeline session never drops one.
+        options = dict(capacity=capacity, kv_dtype=kv_dtype, windows=windows,
+                       preallocate=preallocate, max_step=max_step, kv_bits=kv_bits,
+                       kv_group_size=kv_group_size, state_snapshots=state_snapshots)
         if self.stage is not None:
             from mlxgraph.interpreter.pipeline.session import PipelineSession
 
-            return PipelineSession(self, capacity=capacity, kv_dtype=kv_dtype, windows=windows,
-                                   preallocate=preallocate, max_step=max_step, kv_bits=kv_bits,
-                                   kv_group_size=kv_group_size)
-        return Session(
-            self,
-            capacity=capacity,
-            kv_dtype=kv_dtype,
-            windows=windows,
-            preallocate=preallocate,
-            max_step=max_step,
-            kv_bits=kv_bits,
-            kv_group_size=kv_group_size,
-            state_snapshots=state_snapshots,
-        )
+            return PipelineSession(self, **options)
+        return Session(self, **options)
 
     @cached_property
     def tokenizer(self):

@@ -4,10 +4,13 @@ usage: pipeline_worker.py GRAPH OUT_DIR MODE TIMEOUT
 
 MODE ``schedule`` runs SCHEDULE (steps, greedy decode, trim, a step one rank rejects,
 reset) and writes ``rank<R>.json``: every step's tokens and logits, what each rank loaded
-and its peak memory. ``die``: the last rank exits (status 0, so mlx.launch lets the others
-run) after the first step, and the others must end with a PipelineError. ``hang``: the last
-rank stops answering; the others' watchdog must end them after TIMEOUT seconds.
-Rank 0 of ``schedule`` then runs SCHEDULE on one ordinary session (``reference.json``).
+and its peak memory. ``states`` (a graph with recurrent state layers) runs SCHEDULE, then
+``state_rewinds`` (rewinds a state's snapshots allow and one they refuse, a fork) instead
+of the ring store's refusal. ``die``: the last rank exits (status 0, so mlx.launch lets the
+others run) after the first step, and the others must end with a PipelineError. ``hang``:
+the last rank stops answering; the others' watchdog must end them after TIMEOUT seconds.
+Rank 0 of ``schedule`` and ``states`` then runs the same on one ordinary session
+(``reference.json``).
 """
 
 import json
@@ -82,6 +85,32 @@ def ring_refusal(program, events):
                        {str(k): v for k, v in session.approximations.items()}])
 
 
+def state_rewinds(program, record, events):
+    """A prefill in two chunks, a fork that goes its own way, a rewind to the second
+    chunk's start and the chunk again (the same logits), decode steps, then a rewind no
+    snapshot covers (refused on every rank) and one a kept step start allows."""
+    session = program.session(capacity=64, state_snapshots=2)
+    first, n = PROMPT * 2, len(PROMPT) * 2
+    session.step([first], range(n))
+    twin = session.fork()  # on every rank; the twin's states are its own from here on
+    logits = twin.step([SECOND_PROMPT[::-1]], range(n, n + 3))
+    record.append({"tokens": SECOND_PROMPT[::-1], "logits": logits.tolist()})
+    logits = session.step([SECOND_PROMPT], range(n, n + 3))
+    record.append({"tokens": SECOND_PROMPT, "logits": logits.tolist()})
+    events.append(["rewound", session.trim(3)])  # to the chunk's start: a kept step start
+    logits = session.step([SECOND_PROMPT], range(n, n + 3))
+    record.append({"tokens": SECOND_PROMPT, "logits": logits.tolist()})
+    greedy(session, logits, 3, record)
+    for back in (3, 2):  # snapshots at the last 2 step starts only: 3 back is not kept
+        try:
+            events.append(["trimmed", session.trim(back)])
+        except mlxgraph.CacheError as e:
+            events.append(["state_refused", session.length, str(e)])
+    greedy(twin, logits, 1, record)
+    events.append(["states", [layer["layer"] for layer in session.describe()["layers"]
+                              if "snapshot_bytes" in layer]])
+
+
 def main(argv) -> int:
     graph, out_dir, mode, timeout = argv[1], Path(argv[2]), argv[3], float(argv[4])
     program = mlxgraph.load(graph, pipeline=True, pipeline_timeout=timeout)
@@ -91,9 +120,12 @@ def main(argv) -> int:
     session = program.session(capacity=64)
     record, events, error = [], [], None
     try:
-        if mode == "schedule":
+        if mode in ("schedule", "states"):
             schedule(session, rank, size, record, events)
-            ring_refusal(program, events)
+            if mode == "states":
+                state_rewinds(program, record, events)
+            else:
+                ring_refusal(program, events)
         else:
             session.step([PROMPT], range(len(PROMPT)))
             if rank == size - 1:
@@ -105,6 +137,7 @@ def main(argv) -> int:
         error = str(e)
     doc = {
         "rank": rank, "size": size, "layers": list(program.stage.layers),
+        "states": list(program.stage.states),
         "weight_bytes": program.stage.weight_bytes,
         "stage_weight_bytes": list(program.stage.stage_weight_bytes),
         "loaded_bytes": sum(a.nbytes for a in program.constants.values()),
@@ -112,12 +145,14 @@ def main(argv) -> int:
         "steps": record, "events": events, "error": error,
     }
     (out_dir / f"rank{rank}.json").write_text(json.dumps(doc))
-    if mode == "schedule" and rank == 0:
+    if mode in ("schedule", "states") and rank == 0:
         # The reference, once this rank's figures are taken: one ordinary session of the
         # whole graph, in a process like the ranks (the same BLAS, the same roundings).
-        ref = []
+        ref, whole = [], mlxgraph.load(graph)
         mx.reset_peak_memory()
-        schedule(mlxgraph.load(graph).session(capacity=64), 0, 1, ref, [])
+        schedule(whole.session(capacity=64), 0, 1, ref, [])
+        if mode == "states":
+            state_rewinds(whole, ref, [])
         doc = {"steps": ref, "peak_memory_bytes": int(mx.get_peak_memory())}
         (out_dir / "reference.json").write_text(json.dumps(doc))
     return 3 if error else 0

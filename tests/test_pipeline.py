@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pipeline_worker
 import pytest
+from run_cache import build_once
 from synthetic_graphs import llama
 
 import mlxgraph
@@ -158,7 +159,7 @@ def test_partition_balances_weights_and_cuts_at_the_hidden_state(graph):
             hidden = program.graph.tensors[a.sends[0]]
             assert hidden.shape == (1, "T", 64)
         assert stages[0].receives == () and stages[-1].sends == ()
-    with pytest.raises(mlxgraph.GraphFormatError, match="needs at least 5 attention layers"):
+    with pytest.raises(mlxgraph.GraphFormatError, match="needs at least 5 layers"):
         plan_stages(program.graph, program.nodes, 5)
 
 
@@ -175,7 +176,9 @@ def test_one_rank_pipeline_is_the_plain_session(graph):
     for got, want in zip(record, ref):
         assert got["tokens"] == want["tokens"]
         np.testing.assert_array_equal(np.array(got["logits"]), np.array(want["logits"]))
-    for refused in (session.fork, lambda: session.save("x"), lambda: session.restore("x")):
+    twin = session.fork()  # collective: a pipeline of one rank agrees with itself
+    assert (twin.length, twin.stores.keys()) == (session.length, session.stores.keys())
+    for refused in (lambda: session.save("x"), lambda: session.restore("x")):
         with pytest.raises(mlxgraph.SessionError, match="not supported by a pipeline session"):
             refused()
     with pytest.raises(ValueError, match="pipeline timeout"):
@@ -216,3 +219,104 @@ def test_a_peer_that_never_starts_ends_the_connect(tmp_path, graph):
                           capture_output=True, text=True, timeout=LAUNCH_DEADLINE)
     assert proc.returncode != 0
     assert "pipeline rank 0: could not connect the ring in 2 s" in proc.stderr
+
+
+# Recurrent state layers (format 1.3) in a pipeline: LFM2 (short convolutions around one
+# attention layer) and Nemotron-H (a Mamba-2 layer, whose conv and scan stay on one stage,
+# then an attention layer: the 2-stage cut falls between a state layer and attention).
+STATE_MODELS = {
+    "lfm2": dict(num_hidden_layers=4, hidden_size=64, intermediate_size=128,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=96, conv_L_cache=3,
+                 layer_types=["conv", "full_attention", "conv", "conv"]),
+    "nemotron_h": dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                       num_attention_heads=4, num_key_value_heads=2, vocab_size=96,
+                       hybrid_override_pattern="M*", head_dim=16, mamba_num_heads=8,
+                       mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4,
+                       chunk_size=8),
+}
+# Partitioned only: Falcon-H1 runs attention and a Mamba-2 mixer side by side in each layer.
+FALCON_H1 = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=96, head_dim=16,
+                 mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16,
+                 mamba_n_groups=2, mamba_d_conv=4, mamba_chunk_size=8)
+
+
+def state_graph(tmp_path_factory, arch) -> Path:
+    """The tiny seeded model's graph, exported once per test run."""
+    from mlxgraph.exporter import export
+    from mlxgraph.exporter.builtins import build_model, make_config
+
+    model = build_model(make_config(arch, **{**STATE_MODELS, "falcon_h1": FALCON_H1}[arch]),
+                        seed=0)
+    return build_once(tmp_path_factory, f"pipe_{arch}.mlxg",
+                      lambda p: export(model, p, max_seq_len=64))
+
+
+def check_state_ranks(tmp_path, graph, n):
+    """The state schedule on ``n`` ranks: the one-process session's tokens and logits bit
+    for bit, every KV and state layer on one rank, rewinds allowed and refused alike."""
+    docs, _, err = run_worker(tmp_path, graph, n, mode="states")
+    assert sorted(docs) == list(range(n)), f"a rank wrote no result: {err[-3000:]}"
+    ref = json.loads((tmp_path / "reference.json").read_text())["steps"]
+    program = mlxgraph.load(graph)
+    for rank, doc in docs.items():
+        assert doc["error"] is None
+        assert [s["tokens"] for s in doc["steps"]] == [s["tokens"] for s in ref], f"rank {rank}"
+        for got, want in zip(doc["steps"], ref):
+            np.testing.assert_array_equal(np.array(got["logits"]), np.array(want["logits"]))
+        kinds = [e[0] for e in doc["events"]]
+        assert kinds[-4:] == ["rewound", "state_refused", "trimmed", "states"], kinds
+        (_, at), (_, length, message), (_, to), (_, held) = doc["events"][-4:]
+        assert (at, length, to) == (len(pipeline_worker.PROMPT) * 2, 20, 18)
+        assert ("cannot rewind 3 tokens to position 17: a recurrent state is kept only at "
+                "positions 0, 18, 19 (the starts of its last 2 steps)") in message
+        assert ("rejected the call" in message) == (not doc["states"])
+        assert sorted(held) == sorted(doc["states"])  # its own stage's states, no other
+    assert sorted(lid for d in docs.values() for lid in d["states"]) == sorted(program.states)
+    assert sorted(lid for d in docs.values() for lid in d["layers"]) == sorted(program.layers)
+    return docs
+
+
+@pytest.mark.parametrize("arch", list(STATE_MODELS))
+def test_state_graphs_on_two_ranks_match_one_process(tmp_path_factory, tmp_path, arch):
+    docs = check_state_ranks(tmp_path, state_graph(tmp_path_factory, arch), 2)
+    if arch == "nemotron_h":  # the Mamba-2 layer (conv and scan) first, then attention
+        assert (len(docs[0]["states"]), docs[0]["layers"], docs[1]["states"]) == (2, [], [])
+
+
+@pytest.mark.slow
+def test_lfm2_on_three_ranks_matches_one_process(tmp_path_factory, tmp_path):
+    check_state_ranks(tmp_path, state_graph(tmp_path_factory, "lfm2"), 3)
+
+
+def test_state_partition_keeps_each_layer_whole(tmp_path_factory):
+    """Each stage holds the states of its own nodes; a Mamba-2 layer's conv and scan, and
+    Falcon-H1's attention beside them, are never cut apart (the layer's inside is wider
+    than the residual stream), so the 2-layer Nemotron-H and Falcon-H1 have two blocks."""
+    for arch, blocks in (("lfm2", 4), ("nemotron_h", 2), ("falcon_h1", 2)):
+        program = mlxgraph.load(state_graph(tmp_path_factory, arch))
+        for n in range(1, blocks + 1):
+            stages = plan_stages(program.graph, program.nodes, n)
+            assert sorted(s for p in stages for s in p.states) == sorted(program.states)
+            for a, b in zip(stages, stages[1:]):
+                assert a.sends == b.receives and len(a.sends) == 1  # the residual stream
+        if arch == "falcon_h1":  # each stage: one layer's attention, conv and scan
+            assert [(len(p.layers), len(p.states)) for p in stages] == [(1, 2), (1, 2)]
+        with pytest.raises(mlxgraph.GraphFormatError, match=f"needs at least {blocks + 1} "
+                                                            f"layers .* the graph has {blocks}"):
+            plan_stages(program.graph, program.nodes, blocks + 1)
+
+
+def test_one_rank_state_pipeline_is_the_plain_session(tmp_path_factory):
+    """Not launched: the state schedule on a pipeline of one stage, bit for bit."""
+    graph = state_graph(tmp_path_factory, "lfm2")
+    program = mlxgraph.load(graph, pipeline=True)
+    assert program.states == mlxgraph.load(graph).states and program.stage.states
+    record, ref, events = [], [], []
+    pipeline_worker.state_rewinds(program, record, events)
+    pipeline_worker.state_rewinds(mlxgraph.load(graph), ref, [])
+    assert [r["tokens"] for r in record] == [r["tokens"] for r in ref]
+    for got, want in zip(record, ref):
+        np.testing.assert_array_equal(np.array(got["logits"]), np.array(want["logits"]))
+    assert record[1]["logits"] == record[2]["logits"]  # the chunk again after the rewind
+    assert [e[0] for e in events] == ["rewound", "state_refused", "trimmed", "states"]

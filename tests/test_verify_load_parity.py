@@ -50,14 +50,13 @@ CASES = {
         lambda p: build_tiny_graph(p, record_layers=False),
     ("session/step_inputs.py", "graph input : axis  is dynamic without a symbol"): _dynamic_input,
     ("node_plan.py", "op  has no kernel in this mlxgraph"): _no_kernel_reachable,
-    ("pipeline/plan.py", "a pipeline of  stages needs at least  attention layers; the graph "
-                         "has "): "load(pipeline=N) only: how a valid file splits into N stages",
+    ("pipeline/plan.py", "a pipeline of  stages needs at least  layers (attention or "
+                         "recurrent state); the graph has "):
+        "load(pipeline=N) only: how a valid file splits into N stages",
     ("pipeline/plan.py", "runtime int $v would cross the pipeline cut before node ; this graph "
                          "cannot be pipelined there"): "load(pipeline=N) only: the split",
     ("pipeline/plan.py", "tensor % () crosses the pipeline cut before node  without a declared "
                          "dtype and shape"): "load(pipeline=N) only: the split",
-    ("pipeline/plan.py", "a graph with recurrent state layers (metadata.states) cannot be split "
-                         "into a pipeline yet"): "load(pipeline=N) only: not planned yet",
 }
 
 

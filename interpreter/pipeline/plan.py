@@ -4,14 +4,20 @@ Pure graph analysis (no MLX): which nodes each stage runs, which constants it lo
 layers' KV stores it holds, and which tensor slots cross each cut. docs/architecture.md
 (#pipeline-parallel-generation) describes the design; in short:
 
-- A node is *replicable* when it holds no state (it is not an attention node) and everything
-  it reads comes from the graph's inputs, its constants or other replicable nodes (RoPE
-  tables, position reshapes, runtime ints, the embedding lookup). Every stage recomputes
-  the replicable nodes it needs: the inputs reach every rank (``step`` is called on every
-  rank), so nothing of theirs is ever sent.
-- Every other node is on the *main stream* (the residual stream through the layers). Between
-  two consecutive attention nodes, the cut goes at the latest point where the fewest main
-  tensors are live (for a transformer: the hidden state just before the next layer's norm).
+- A node is *replicable* when it holds no state (it is not an attention or recurrent state
+  node) and everything it reads comes from the graph's inputs, its constants or other
+  replicable nodes (RoPE tables, position reshapes, runtime ints, the embedding lookup).
+  Every stage recomputes the replicable nodes it needs: the inputs reach every rank
+  (``step`` is called on every rank), so nothing of theirs is ever sent.
+- Every other node is on the *main stream* (the residual stream through the layers). The
+  *anchors* are the nodes that keep a layer's session state: attention (a KV store) and
+  recurrent state (a conv, scan or delta state) nodes. Between two consecutive anchors, the
+  cut goes at the latest point where the fewest main tensors are live (for a transformer:
+  the hidden state just before the next layer's norm). Two anchors of one layer (a Mamba
+  mixer's conv and scan, Falcon-H1's attention beside its mixer) have no such narrow point
+  between them: a cut next to a state anchor that leaves more live than the narrowest cut
+  of the graph is dropped, so the layer stays whole on one stage (``_layer_cuts``).
+- Each stage keeps the states of its own state nodes only (``StagePlan.states``).
 - The layer blocks between cuts are grouped into N contiguous stages so that the largest
   stage's weight bytes are as small as possible (the embedding falls in the first block,
   the final norm and LM head in the last).
@@ -32,7 +38,7 @@ class StagePlan:
     loads; ``layers``: the layer_ids whose KV stores it holds; ``receives`` / ``sends``: the
     tensor slots that arrive from the previous stage and leave for the next, in the order
     they travel; ``weight_bytes``: the bytes of its constants; ``stage_weight_bytes``:
-    every stage's (rank order).
+    every stage's (rank order); ``states``: the layer_ids of the recurrent states it holds.
     """
 
     rank: int
@@ -44,6 +50,7 @@ class StagePlan:
     sends: tuple
     weight_bytes: int
     stage_weight_bytes: tuple = ()
+    states: tuple = ()
 
     @property
     def is_last(self) -> bool:
@@ -75,7 +82,7 @@ def plan_stages(graph, nodes, size: int) -> tuple:
     Returns:
         A StagePlan per rank.
     Raises:
-        GraphFormatError: fewer attention layers than stages, a runtime int or a tensor of
+        GraphFormatError: fewer layers than stages, a runtime int or a tensor of
             unknown shape that would have to cross a cut, or no output on the main stream.
     """
     path = graph.path
@@ -93,16 +100,12 @@ def plan_stages(graph, nodes, size: int) -> tuple:
         if rep:
             free_t |= out_t
             free_v |= out_v
-    if graph.metadata.states:  # not planned yet: which stage keeps which state
-        raise GraphFormatError("a graph with recurrent state layers (metadata.states) cannot "
-                               "be split into a pipeline yet", path, None, "metadata.states")
-    attention = [n.index for n in nodes if entry(n.record.op).has(Trait.ATTENTION)]
-    if len(attention) < size:
-        raise GraphFormatError(f"a pipeline of {size} stages needs at least {size} attention "
-                               f"layers; the graph has {len(attention)}", path, None, "nodes")
     last_read = _last_reads(io, replicable, graph.outputs.values(), len(nodes))
-    cuts = [0] + [_best_cut(a, b, last_read, io, replicable)
-                  for a, b in zip(attention, attention[1:])] + [len(nodes)]
+    cuts = [0] + _layer_cuts(graph, nodes, last_read, io, replicable) + [len(nodes)]
+    if len(cuts) - 1 < size:
+        raise GraphFormatError(f"a pipeline of {size} stages needs at least {size} layers "
+                               f"(attention or recurrent state); the graph has "
+                               f"{len(cuts) - 1}", path, None, "nodes")
     need = [_stage_needs(io, replicable, range(lo, hi)) for lo, hi in zip(cuts, cuts[1:])]
     sizes = {c.tensor: c.length for c in graph.constants}
     block_consts = [{s for i in block for s in io[i][0] if s in sizes} for block in need]
@@ -115,13 +118,14 @@ def plan_stages(graph, nodes, size: int) -> tuple:
             run |= _producers(io, replicable, set(graph.outputs.values()), (), hi)
         order = tuple(sorted(run))
         consts = frozenset(s for i in order for s in io[i][0] if s in sizes)
-        layers = tuple(nodes[i].fixed["layer_id"] for i in order
-                       if entry(nodes[i].record.op).has(Trait.ATTENTION))
+        layers, states = (tuple(nodes[i].fixed["layer_id"] for i in order
+                                if entry(nodes[i].record.op).has(trait))
+                          for trait in (Trait.ATTENTION, Trait.STATE))
         plans.append(StagePlan(rank, size, order, consts, layers,
                                _crossing(graph, last_read, io, replicable, lo) if rank else (),
                                _crossing(graph, last_read, io, replicable, hi)
                                if rank < size - 1 else (),
-                               sum(sizes[s] for s in consts)))
+                               sum(sizes[s] for s in consts), states=states))
     weights = tuple(p.weight_bytes for p in plans)
     return tuple(replace(p, stage_weight_bytes=weights) for p in plans)
 
@@ -153,14 +157,44 @@ def _live(c, last_read, io, replicable) -> list:
     return live
 
 
-def _best_cut(a: int, b: int, last_read, io, replicable) -> int:
-    """The latest cut in (a, b] with the fewest live main-stream slots."""
+def _layer_cuts(graph, nodes, last_read, io, replicable) -> list:
+    """The cuts between consecutive anchors (attention and state nodes), in stream order.
+
+    A cut next to a state anchor is kept only where the layers meet: where it leaves no
+    more of the step's token-derived tensors live than the graph's narrowest cut does
+    (the residual stream). Two state anchors of one layer (a Mamba mixer's conv and scan,
+    a gated-delta layer's conv and delta rule, Falcon-H1's attention beside its mixer)
+    have the layer's inner tensors live between them, so the layer stays on one stage:
+    cutting there would send them (or, in the first layer, whose inside is replicable,
+    recompute its projections on both stages) for nothing. The width counts replicable
+    tensors too when they come from the tokens (the embedding, the first layer's
+    projections), not those from the positions (RoPE tables live across every layer).
+    Cuts between two attention nodes are kept as they always were.
+    """
+    anchors = [(n.index, entry(n.record.op).has(Trait.STATE)) for n in nodes
+               if entry(n.record.op).has(Trait.ATTENTION) or entry(n.record.op).has(Trait.STATE)]
+    derived = {graph.inputs.get("tokens")}
+    for i, (reads_t, _, out_t, _) in enumerate(io):
+        if replicable[i] and reads_t & derived:
+            derived |= out_t
+    found = []
+    for (a, state_a), (b, state_b) in zip(anchors, anchors[1:]):
+        c, n = _best_cut(a, b, last_read, io, replicable)
+        found.append((c, state_a or state_b, n + sum(
+            1 for i in range(c) if replicable[i] for s in io[i][2] & derived
+            if last_read.get(("t", s), -1) >= c)))
+    narrowest = min((width for _, _, width in found), default=0)
+    return [c for c, stateful, width in found if not stateful or width <= narrowest]
+
+
+def _best_cut(a: int, b: int, last_read, io, replicable) -> tuple:
+    """The latest cut in (a, b] with the fewest live main-stream slots, and that count."""
     best, best_n = b, None
     for c in range(b, a, -1):
         n = len(_live(c, last_read, io, replicable))
         if best_n is None or n < best_n:
             best, best_n = c, n
-    return best
+    return best, best_n
 
 
 def _producers(io, replicable, want_t, want_v, end) -> set:

@@ -1,6 +1,7 @@
 """PipelineSession: one stage of a pipeline-parallel session; the same API as Session.
 
-Every rank calls the same methods with the same arguments (``step``, ``trim``, ``reset``).
+Every rank calls the same methods with the same arguments (``step``, ``trim``, ``reset``,
+``fork``).
 A call first *agrees*: each rank checks the call on its own stage (inputs, positions, every
 store's ``begin``), builds its part of the step lazily, and tells every rank whether it
 can go ahead (pipeline_link.py ``agree``). When any rank cannot, or the ranks disagree on
@@ -24,27 +25,29 @@ from mlxgraph.interpreter.session.session import Session
 from mlxgraph.interpreter.session.step_inputs import bind_inputs, checked_tokens, host_positions
 from mlxgraph.schema.spec import op_spec
 
-_STEP, _TRIM, _RESET, _OPEN = 1, 2, 3, 4
+_STEP, _TRIM, _RESET, _OPEN, _FORK = 1, 2, 3, 4, 5
 _OK, _SESSION, _CACHE, _RUNTIME = 0, 1, 2, 3
 _KINDS = {SessionError: _SESSION, CacheError: _CACHE, GraphRuntimeError: _RUNTIME}
 
 
 class PipelineSession(Session):
-    """A Session over one pipeline stage: this rank's nodes, weights and KV stores.
+    """A Session over one pipeline stage: this rank's nodes, weights, KV stores and
+    recurrent states.
 
     Made by ``program.session(...)`` on a Program loaded with ``pipeline=``, on every rank
     with the same arguments (a collective call too: a setting one rank's stores refuse is
-    refused on every rank). ``fork``, ``save`` and ``restore`` are refused.
+    refused on every rank). ``fork`` is collective too; ``save`` and ``restore`` are refused.
 
     Raises (besides Session's):
         PipelineError: a rank was lost; this session cannot continue.
     """
 
-    _PICKLE_ADVICE = "a pipeline session cannot be copied"
+    _PICKLE_ADVICE = "use fork() on every rank for a copy"
 
     def __init__(self, program, **options):
         # Every rank gets the same arguments: windows may name any layer of the graph (checked
         # against all of them), and this rank's stores take their own layers' windows.
+        self._asked_windows = options.get("windows")  # what a fork is made with again
         every = {lc.layer_id: lc for lc in program.metadata.layers}
         self._every_window = window_per_layer(
             every, options.get("windows"), lambda reason: SessionError(
@@ -82,11 +85,20 @@ class PipelineSession(Session):
         return {lid: w for lid, w in self._every_window.items()
                 if w and not layers[lid].sliding_window and not layers[lid].attention_chunk}
 
-    # ------------------------------------------------------------ refused
     def fork(self):
-        """Refused: a fork would have to happen on every rank at once."""
-        raise self._fail("fork() is not supported by a pipeline session")
+        """An independent session with the same history, on every rank (each rank must call
+        it, as ``step``): each rank forks its own stores as Session.fork does (cheaply, the
+        states and KV buffers shared until either session writes them), after the ranks
+        agree on it; the twin's ranks agree as a new session's do. ``copy.copy`` forks."""
+        with self._exclusive():
+            self._agree_or_raise((_FORK, self._length, 0, 0), None)
+            stores, length = {lid: s.fork() for lid, s in self.stores.items()}, self._length
+        twin = type(self)(self.program, **{**self._options, "windows": self._asked_windows})
+        twin.capacity_reason = self.capacity_reason
+        twin.adopt_stores(stores, length)
+        return twin
 
+    # ------------------------------------------------------------ refused
     def save(self, path, tokens=None) -> int:
         """Refused: each rank holds only its own layers' cache."""
         raise self._fail("save() is not supported by a pipeline session")
@@ -271,4 +283,6 @@ def _describe(fields) -> str:
         return f"step of {count} token(s) at position {length} (tokens crc {digest & 0xFFFFFFFF:x})"
     if op == _TRIM:
         return f"trim({count}) at length {length}"
+    if op == _FORK:
+        return f"fork() at length {length}"
     return {_RESET: "reset()", _OPEN: "session()"}.get(op, f"call {op}")
