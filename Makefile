@@ -107,6 +107,7 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/cache_bench.py
 	$(PY) benchmarks/tools_bench.py
 	$(PY) benchmarks/export_bench.py
+	$(PY) benchmarks/quantize_export_bench.py
 	$(PY) benchmarks/blas_bench.py
 	$(PY) benchmarks/generate_bench.py
 	$(PY) benchmarks/session_state_bench.py

@@ -15,6 +15,14 @@ import figures  # noqa: E402
 
 _STAT = {"min_ms": 1.0, "median_ms": 2.0}
 DOCS = {
+    "quantize_export": {
+        "cpu": "x86", "cpus": 2, "size": "small", "parameters": 155730944, "runs": 1,
+        "folder_bytes": 622932176, "load_start": 4.0, "load_end": 4.5,
+        "rows": [{"mode": "q4", "engine": e, "seconds": 9.0, "peak_rss_bytes": 2**30,
+                  "out_bytes": 88_000_000, "load_before": 4.0, "load_after": 4.2}
+                 for e in ("mlxgraph", "mlx-lm")],
+        "ratios": {"q4": {"time": 1.0, "memory": 1.0}},
+    },
     "session_state": {
         "graph": "/x/small.mlxg", "blas": "openblas", "context": 4096,
         "fork": {"fork_seconds": 1e-4, "copy_all_buffers_seconds": 0.1, "copy_over_fork": 1e3,
