@@ -9,6 +9,7 @@ exclusions) is recorded in the file's metadata (``extra["quantization"]``, JSON)
 """
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
@@ -87,15 +88,34 @@ class QuantizeRecipe:
         return self.mode
 
 
-def _groups(w: torch.Tensor, group_size: int):
-    """(w as float32 [N, K/g, g], each group's min, each group's max)."""
-    groups = w.detach().to(torch.float32).reshape(w.shape[0], -1, group_size)
-    return groups, groups.amin(-1), groups.amax(-1)
+# Elements quantized at a time (whole rows): a block's float32 copy and codes stay ~16 MB
+# whatever the weight's size; the whole tensor's temporaries (float32 groups, int64 codes
+# and shifted codes) came to ~8x a 32k x 1024 embedding's bytes, the export's peak memory.
+# Every step is elementwise or per row, so blocks give the bytes the whole tensor gave.
+_BLOCK_ELEMENTS = 1 << 22
 
 
-def _fits_float16(w: torch.Tensor, bits: int, group_size: int) -> bool:
-    """Whether float16 holds w's scales and biases to its full precision."""
-    _, biases, hi = _groups(w, group_size)
+def _row_blocks(w: torch.Tensor):
+    """Row ranges (start, stop) of at most about _BLOCK_ELEMENTS elements each."""
+    step = max(1, _BLOCK_ELEMENTS // max(1, w.shape[1]))
+    return [(start, min(start + step, w.shape[0])) for start in range(0, w.shape[0], step)]
+
+
+def group_ranges(w: torch.Tensor, group_size: int):
+    """(each group's min, each group's max) of a [N, K] weight, float32 [N, K/g] each."""
+    lo = torch.empty((w.shape[0], w.shape[1] // group_size), dtype=torch.float32)
+    hi = torch.empty_like(lo)
+    for start, stop in _row_blocks(w):
+        groups = w[start:stop].to(torch.float32).reshape(stop - start, -1, group_size)
+        torch.amin(groups, -1, out=lo[start:stop])
+        torch.amax(groups, -1, out=hi[start:stop])
+    return lo, hi
+
+
+def _fits_float16(ranges, bits: int) -> bool:
+    """Whether float16 holds the scales and biases of a weight of these group ``ranges``
+    (group_ranges) to its full precision."""
+    biases, hi = ranges
     scales = (hi - biases) / (2**bits - 1)
     nonzero = scales[scales != 0]
     return bool(torch.isfinite(scales).all() and torch.isfinite(biases).all()
@@ -103,12 +123,24 @@ def _fits_float16(w: torch.Tensor, bits: int, group_size: int) -> bool:
                 and (nonzero.numel() == 0 or nonzero.abs().min() >= _FLOAT16_NORMAL))
 
 
-def quantize_weight(w: torch.Tensor, bits: int, group_size: int, scales_dtype=None):
+def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """uint32 words of ``32 / bits`` codes each, the first in the lowest bits."""
+    per_word = 32 // bits
+    codes = codes.reshape(codes.shape[0], -1, per_word)
+    packed = codes[..., 0].copy()
+    for i in range(1, per_word):
+        packed |= codes[..., i] << np.uint32(i * bits)
+    return packed
+
+
+def quantize_weight(w: torch.Tensor, bits: int, group_size: int, scales_dtype=None,
+                    ranges=None):
     """(packed uint32 [N, K*bits/32], scales [N, K/g], biases [N, K/g]) of a [N, K] weight.
 
     Scales and biases take ``scales_dtype`` (default: w's dtype); codes are computed against
     the rounded scale and bias, so the dequantized weight is the nearest the stored
-    parameters can express.
+    parameters can express. ``ranges``: w's group_ranges when already computed. The codes
+    are computed a block of rows at a time (_BLOCK_ELEMENTS).
 
     Raises:
         ValueError: w is not 2-D, or K is not a multiple of group_size.
@@ -118,23 +150,46 @@ def quantize_weight(w: torch.Tensor, bits: int, group_size: int, scales_dtype=No
                          f"{group_size}")
     rows, cols = w.shape
     levels = 2**bits - 1
-    groups, lo, hi = _groups(w, group_size)
+    lo, hi = ranges if ranges is not None else group_ranges(w, group_size)
     scales = ((hi - lo) / levels).to(scales_dtype or w.dtype)
     biases = lo.to(scales_dtype or w.dtype)
     scale32, bias32 = scales.to(torch.float32), biases.to(torch.float32)
     safe = torch.where(scale32 == 0, torch.ones_like(scale32), scale32)
-    codes = torch.round((groups - bias32[..., None]) / safe[..., None]).clamp_(0, levels)
-    per_word = 32 // bits
-    codes = codes.to(torch.int64).reshape(rows, cols // per_word, per_word)
-    shifts = torch.arange(per_word, dtype=torch.int64) * bits
-    packed = (codes << shifts).sum(-1).numpy().astype(np.uint32)
+    packed = np.empty((rows, cols * bits // 32), dtype=np.uint32)
+    for start, stop in _row_blocks(w):
+        groups = w[start:stop].to(torch.float32).reshape(stop - start, -1, group_size)
+        codes = torch.round((groups - bias32[start:stop, :, None])
+                            / safe[start:stop, :, None]).clamp_(0, levels)
+        # (codes are whole numbers in [0, levels]: the conversion is exact)
+        packed[start:stop] = _pack(codes.reshape(stop - start, cols).numpy().astype(np.uint32),
+                                   bits)
     return packed, scales, biases
 
 
+@contextmanager
+def _one_torch_thread():
+    """torch's intra-op threads set to one for the block, then restored (for this thread:
+    OpenMP's count is per thread). Quantizing is a few elementwise passes over blocks of a
+    few MB; with more threads every op waits for the pool's helpers, and on a busy machine
+    those waits dominate: 20 s instead of 3.3 s for a 156M Llama at load 5 on 2 cores
+    (benchmarks/quantize_export_bench.py). The bytes do not depend on the thread count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def _as_torch(data: np.ndarray, dtype: str) -> torch.Tensor:
+    """A constant's array as a tensor sharing its memory (quantizing only reads it): a
+    copy of every weight would add the whole model's float bytes to the export's peak."""
     if dtype == "bfloat16":
-        return torch.from_numpy(data.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(np.array(data))
+        data = data.view(np.int16)
+    if not data.flags.writeable:  # (torch.from_numpy warns on a read-only array)
+        data = data.copy()
+    t = torch.from_numpy(data)
+    return t.view(torch.bfloat16) if dtype == "bfloat16" else t
 
 
 def as_numpy(t: torch.Tensor):
@@ -144,11 +199,14 @@ def as_numpy(t: torch.Tensor):
     return t.contiguous().numpy(), str(t.numpy().dtype)
 
 
-def _scales_dtype(w: torch.Tensor, bits: int, recipe: QuantizeRecipe):
-    """The dtype of w's scales and biases under ``recipe`` (see QuantizeRecipe.scales)."""
+def _scales_dtype(w: torch.Tensor, bits: int, recipe: QuantizeRecipe, ranges=None):
+    """The dtype of w's scales and biases under ``recipe`` (see QuantizeRecipe.scales);
+    ``ranges``: w's group_ranges when already computed."""
     if w.dtype != torch.float32 or recipe.scales == "float32":
         return w.dtype
-    return torch.float16 if _fits_float16(w, bits, recipe.group_size) else torch.float32
+    if ranges is None:
+        ranges = group_ranges(w, recipe.group_size)
+    return torch.float16 if _fits_float16(ranges, bits) else torch.float32
 
 
 def _why_float(recipe: QuantizeRecipe, module: str, token_table: bool) -> str:
@@ -211,8 +269,10 @@ def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
         if key not in quantized:
             w = _as_torch(constants[slot], dtype_info(code).name)
             w = w.reshape(w.shape[0], -1)  # a table's rows flattened (quantize_tables.py)
-            packed, scales, biases = quantize_weight(w, bits, recipe.group_size,
-                                                     _scales_dtype(w, bits, recipe))
+            with _one_torch_thread():
+                ranges = group_ranges(w, recipe.group_size)  # (read once for both)
+                packed, scales, biases = quantize_weight(
+                    w, bits, recipe.group_size, _scales_dtype(w, bits, recipe, ranges), ranges)
             if w.dtype == torch.float32:
                 scale_counts[str(scales.dtype).removeprefix("torch.")] += 1
             quantized[key] = (

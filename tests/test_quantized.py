@@ -51,6 +51,37 @@ def test_layout_is_mlx_quantize_layout(bits, group_size):
         np.array(mx.dequantize(q, s, b, group_size=group_size, bits=bits)), atol=1e-6)
 
 
+def _whole_tensor_quantize(w, bits, group_size, scales_dtype):
+    """The quantization in one pass over the whole weight, as export did before it went by
+    row blocks: the bytes the blocks must reproduce."""
+    groups = w.to(torch.float32).reshape(w.shape[0], -1, group_size)
+    lo, hi = groups.amin(-1), groups.amax(-1)
+    scales, biases = ((hi - lo) / (2**bits - 1)).to(scales_dtype), lo.to(scales_dtype)
+    s32, b32 = scales.to(torch.float32), biases.to(torch.float32)
+    safe = torch.where(s32 == 0, torch.ones_like(s32), s32)
+    codes = torch.round((groups - b32[..., None]) / safe[..., None]).clamp_(0, 2**bits - 1)
+    codes = codes.to(torch.int64).reshape(w.shape[0], -1, 32 // bits)
+    packed = (codes << (torch.arange(32 // bits) * bits)).sum(-1).numpy().astype(np.uint32)
+    return packed, scales, biases
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_blocks_give_the_whole_tensor_bytes(monkeypatch, bits, dtype):
+    from mlxgraph.exporter import quantize as quantize_module
+
+    # Blocks of 5 rows of 128 (the last one 2 rows): every block boundary is crossed.
+    monkeypatch.setattr(quantize_module, "_BLOCK_ELEMENTS", 5 * 128)
+    w = torch.randn(37, 128, generator=torch.Generator().manual_seed(bits)).to(dtype)
+    w[3, :64] = 0.0  # a constant group (scale 0)
+    scales_dtype = torch.float16 if dtype == torch.float32 else dtype
+    ours = quantize_weight(w, bits, 64, scales_dtype)
+    reference = _whole_tensor_quantize(w, bits, 64, scales_dtype)
+    assert ours[0].dtype == np.uint32 and ours[0].tobytes() == reference[0].tobytes()
+    for a, b in zip(ours[1:], reference[1:]):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
 def test_constant_group_quantizes_exactly():
     w = torch.full((2, 64), 0.375)
     packed, scales, biases = quantize_weight(w, 4, 32)
