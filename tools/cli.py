@@ -94,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Run the command line; returns the exit code (usage errors: one line on stderr, 2)."""
+    if argv is None and sys.argv[1:2] == ["export"] and "PYTHONHASHSEED" not in os.environ:
+        # Some transformers models (Gemma-3, Llama-4, ...) build nodes in `set` order, which
+        # follows the per-process string hash seed: the same export from two runs would
+        # differ. A fixed seed makes the file reproducible; re-run before torch is imported,
+        # and before the parser is built (its imports took 0.3-0.8 s, paid again after the
+        # exec): the new process parses, and reports a bad option, itself.
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        os.execve(sys.executable, [sys.executable, "-m", "mlxgraph", *sys.argv[1:]], env)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -103,12 +111,6 @@ def main(argv=None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    if argv is None and args.command == "export" and "PYTHONHASHSEED" not in os.environ:
-        # Some transformers models (Gemma-3, Llama-4, ...) build nodes in `set` order, which
-        # follows the per-process string hash seed: the same export from two runs would
-        # differ. A fixed seed makes the file reproducible; re-run before torch is imported.
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
-        os.execve(sys.executable, [sys.executable, "-m", "mlxgraph", *sys.argv[1:]], env)
     try:
         if args.command in ESCAPED:
             with escaped_output():
