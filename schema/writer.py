@@ -46,8 +46,9 @@ class GraphWriter:
         self._symbol_index = {}
         self.inputs = []         # (name, slot)
         self.outputs = []
-        self.constants = []      # (slot, bytes-like, hash)
-        self._by_content = {}
+        self.constants = []      # (slot, bytes-like, hash or None: write() computes it)
+        self._by_content = {}    # (dtype code, shape, fingerprint) -> [(slot, bytes-like)]
+        self._digests = {}       # slot -> hash computed for a comparison (add_constant)
         self.nodes = []          # NodeRecord
 
     # ------------------------------------------------------------------ slots
@@ -91,13 +92,22 @@ class GraphWriter:
         dtype = dtype or str(array.dtype)
         info = dtype_info(dtype)
         data = np.ascontiguousarray(array).astype(info.numpy_storage, copy=False)
-        digest = content_hash(data) if data.size else content_hash(b"")
-        key = (digest, info.code, tuple(data.shape))
-        if key in self._by_content:
-            return self._by_content[key]
+        # Same content means same dtype, shape and fingerprint; only then are the digests
+        # compared (and computed). Others wait for write(): a float weight that quantizing
+        # replaces is never hashed (blake2b of a 156M model's float32 weights: ~1.3 s).
+        candidates = self._by_content.setdefault(
+            (info.code, tuple(data.shape), _fingerprint(data)), [])
+        digest = None
+        if candidates:
+            digest = _digest(data)
+            for slot, other in candidates:
+                if slot not in self._digests:
+                    self._digests[slot] = _digest(other)
+                if self._digests[slot] == digest:
+                    return slot
         slot = self.add_tensor(name, dtype, data.shape)
         self.constants.append((slot, data, digest))
-        self._by_content[key] = slot
+        candidates.append((slot, data))
         return slot
 
     def add_input(self, name: str, slot: int) -> None:
@@ -149,7 +159,8 @@ class GraphWriter:
                         read.add(v)
         dropped = [slot for slot, _, _ in self.constants if slot not in read]
         self.constants = [c for c in self.constants if c[0] in read]
-        self._by_content = {k: s for k, s in self._by_content.items() if s in read}
+        self._by_content = {k: [c for c in slots if c[0] in read]
+                            for k, slots in self._by_content.items()}
         return dropped
 
     # ------------------------------------------------------------------ output
@@ -171,6 +182,9 @@ class GraphWriter:
             GraphFormatError: ``verify`` and the written file is not a valid graph file
                 (an old file at ``path`` is unchanged).
         """
+        # Every digest the file records, those deferred by add_constant included.
+        self.constants = [(slot, data, digest or self._digests.get(slot) or _digest(data))
+                          for slot, data, digest in self.constants]
         # The root records where the constant segment starts, which depends on the size
         # of the FlatBuffer itself: build once to learn the size, then again for real
         # (the size does not depend on the offsets' values, only on their presence).
@@ -235,6 +249,26 @@ class GraphWriter:
         if len(out) > MAX_FLATBUFFER_BYTES:
             raise ValueError("graph structure exceeds 2 GiB")
         return bytes(out)
+
+
+# Bytes from each end of a constant that, with its dtype and shape, decide whether its
+# digest is compared with another's: different weights differ there.
+_FINGERPRINT_BYTES = 4096
+
+
+def _fingerprint(data: np.ndarray) -> bytes:
+    """The first and last _FINGERPRINT_BYTES of ``data``'s bytes (all of a small one)."""
+    if not data.size:
+        return b""  # (a view of zero elements cannot be cast to bytes)
+    raw = memoryview(data).cast("B")
+    if len(raw) <= 2 * _FINGERPRINT_BYTES:
+        return bytes(raw)
+    return bytes(raw[:_FINGERPRINT_BYTES]) + bytes(raw[-_FINGERPRINT_BYTES:])
+
+
+def _digest(data: np.ndarray) -> str:
+    """content_hash of ``data``'s bytes."""
+    return content_hash(data) if data.size else content_hash(b"")
 
 
 def _verify_written(tmp, path) -> dict:
