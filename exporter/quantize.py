@@ -88,11 +88,12 @@ class QuantizeRecipe:
         return self.mode
 
 
-# Elements quantized at a time (whole rows): a block's float32 copy and codes stay ~16 MB
-# whatever the weight's size; the whole tensor's temporaries (float32 groups, int64 codes
-# and shifted codes) came to ~8x a 32k x 1024 embedding's bytes, the export's peak memory.
+# Elements quantized at a time (whole rows): a block's temporaries (float32 differences,
+# codes, their uint32 copy) stay ~4 MB each whatever the weight's size; the whole tensor's
+# (float32 groups, int64 codes and shifted codes) came to ~8x a 32k x 1024 embedding's
+# bytes, the export's peak memory. 4M-element blocks still added ~145 MB to the peak.
 # Every step is elementwise or per row, so blocks give the bytes the whole tensor gave.
-_BLOCK_ELEMENTS = 1 << 22
+_BLOCK_ELEMENTS = 1 << 20
 
 
 def _row_blocks(w: torch.Tensor):
