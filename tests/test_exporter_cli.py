@@ -212,3 +212,19 @@ def test_layer_norm_decoder_in_float16(tmp_path):
         np.abs(got - want).max() < 0.01 * np.abs(want).max()
     )  # float16: HF's own is ~2e-3 off float32
     assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_the_export_command_freezes_its_objects_before_the_process_exits(tmp_path,
+                                                                          monkeypatch):
+    """Run as the program (argv None), export leaves its objects to the exit instead of a
+    last garbage collection over the trace's (tools/cli.py); called with argv (a caller's
+    process that goes on), it does not."""
+    import mlxgraph.tools.cli as cli
+
+    frozen = []
+    monkeypatch.setattr(cli.gc, "freeze", lambda: frozen.append(True))
+    monkeypatch.setenv("PYTHONHASHSEED", "0")  # (no re-run of the process)
+    argv = ["export", "tiny-llama", "-o", str(tmp_path / "a.mlxg"), "--max-seq-len", "16"]
+    assert main(argv) == 0 and not frozen
+    monkeypatch.setattr(cli.sys, "argv", ["mlxgraph", *argv])
+    assert main() == 0 and frozen == [True]
