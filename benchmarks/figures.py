@@ -38,7 +38,7 @@ FIGURES = {
         "float32, q8 and q4 weights against llama.cpp f32, q8_0 and q4_0 of the same folder",
     ),
     "quantize_export": (
-        ["quantize_export_bench.py", "--size", "small", "--modes", "q4,q8"],
+        ["quantize_export_bench.py", "--size", "small", "--modes", "q4,q8", "--runs", "2"],
         "quantize_export_bench.print_report",
         "quantized export (mlxgraph export --quantize) against mlx_lm.convert -q on the same "
         "folder: time and peak memory (README, Quantized weights)",

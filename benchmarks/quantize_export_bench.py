@@ -16,7 +16,9 @@ settings, a fresh process, imports included):
 Printed per command: wall seconds and peak resident memory (the child's own ``ru_maxrss``
 from ``wait4``; this process imports neither torch nor MLX, so no large parent's peak is
 inherited across fork), and mlxgraph's time and memory as ratios to mlx-lm's of the same
-mode and run (the issue's goal: both within 2x), with the load average before and after.
+mode and run (the issue's goal: both within 2x), with the load average before and after,
+and mlxgraph's seconds per step (its ``--json`` summary's timings; the rest of its wall time
+is the interpreter's start-up and imports: torch, transformers).
 ``--runs N`` keeps each command's fastest run (and its peak memory, the largest seen).
 The folder's files are read once first, so neither command pays the disk for the other.
 """
@@ -47,8 +49,9 @@ def commands(folder: Path, out: Path, mode: str) -> dict:
     mlxgraph = [str(cli)] if cli.is_file() else [sys.executable, "-m", "mlxgraph"]
     bits = [] if mode == "q4" else ["--q-bits", str(MODES[mode])]
     return {
+        # (--json: the same export, its summary as JSON, read for the steps' seconds)
         "mlxgraph": [*mlxgraph, "export", str(folder), "-o", str(out / "model.mlxg"),
-                     "--quantize", mode],
+                     "--quantize", mode, "--json"],
         "mlx-lm": [sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(folder),
                    "--mlx-path", str(out / "mlx"), "-q", *bits],
     }
@@ -59,17 +62,27 @@ def run_child(argv: list, out: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode(errors="replace")
-    proc.stderr.close()
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        stdout.seek(0)
+        stderr.seek(0)
+        out_text, err = stdout.read().decode(errors="replace"), stderr.read().decode(
+            errors="replace")
     if proc.returncode != 0:
         raise SystemExit(f"quantize_export_bench: {argv[0]} ... failed "
                          f"(exit {proc.returncode}):\n{err[-2000:]}")
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    return {"seconds": seconds, "peak_rss_bytes": usage.ru_maxrss * 1024, "out_bytes": size}
+    result = {"seconds": seconds, "peak_rss_bytes": usage.ru_maxrss * 1024, "out_bytes": size}
+    if "--json" in argv:  # mlxgraph's own seconds per step; the rest is start-up and imports
+        stats = json.loads(out_text)
+        steps = {k: round(v, 2) for k, v in stats["timings"].items()}
+        result["steps"] = {"start-up and imports": round(stats["seconds"] - sum(steps.values()),
+                                                         2),
+                           **steps, "exit": round(seconds - stats["seconds"], 2)}
+    return result
 
 
 def build_folder(size: str, work: Path) -> Path:
@@ -98,7 +111,8 @@ def measure(folder: Path, work: Path, modes: list, runs: int) -> list:
             best = min(results, key=lambda r: r["seconds"])
             rows.append({"mode": mode, "engine": engine, "seconds": best["seconds"],
                          "peak_rss_bytes": max(r["peak_rss_bytes"] for r in results),
-                         "out_bytes": best["out_bytes"], "load_before": load_before,
+                         "out_bytes": best["out_bytes"], "steps": best.get("steps"),
+                         "load_before": load_before,
                          "load_after": load_average(), "argv": argv})
     shutil.rmtree(work / "out", ignore_errors=True)
     return rows
@@ -128,6 +142,10 @@ def print_report(doc: dict) -> None:
         print(f"{r['mode']:<5} {r['engine']:<9} {r['seconds']:8.2f} "
               f"{r['peak_rss_bytes'] / 1e9:7.2f}GB {r['out_bytes'] / 1e6:7.0f}MB "
               f"{r['load_before']:4.1f}->{r['load_after']:<4.1f}")
+    for r in doc["rows"]:
+        if r.get("steps"):
+            print(f"{r['mode']} mlxgraph seconds by step: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in r["steps"].items()))
     for mode, r in doc["ratios"].items():
         print(f"{mode}: mlxgraph / mlx-lm: time {r['time']:.2f}x, peak memory "
               f"{r['memory']:.2f}x (goal: both at most 2x)")
