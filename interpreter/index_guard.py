@@ -14,6 +14,7 @@ from collections import deque
 import mlx.core as mx
 
 from mlxgraph.interpreter.errors import GraphRuntimeError
+from mlxgraph.interpreter.expert_products import GatheredRows
 from mlxgraph.schema.spec import FieldKind, op_spec
 
 
@@ -144,7 +145,7 @@ def check_output(node, result) -> None:
             )
         return
     for arr, limit in zip([result] if node.out_kind is FieldKind.OUT else result, node.limits):
-        if isinstance(arr, mx.array) and arr.size > limit:
+        if isinstance(arr, (mx.array, GatheredRows)) and arr.size > limit:
             raise ValueError(
                 f"an output of shape {tuple(arr.shape)} ({arr.size} elements) exceeds the "
                 f"{limit} elements its slot's declared shape allows"

@@ -9,6 +9,7 @@ import mlx.core as mx
 
 from mlxgraph.interpreter.cache.kv_cache import CacheError
 from mlxgraph.interpreter.errors import GraphRuntimeError
+from mlxgraph.interpreter.expert_products import materialized
 from mlxgraph.interpreter.index_guard import check_output, guard_node_indices
 from mlxgraph.interpreter.straight_line import compile_nodes
 from mlxgraph.schema.op_catalogue import Trait, entry
@@ -101,8 +102,8 @@ def run_nodes(program, tensors, values, ctx, observer=None, flags=None, check_si
         except Exception as e:
             raise node_error(program, node, e) from e
         cut = cut or cut_here
-        if observer is not None:
-            observer(node.index, node.record, outputs)
+        if observer is not None:  # an expert product's rows are computed for it to see
+            observer(node.index, node.record, [materialized(o) for o in outputs])
     return cut
 
 

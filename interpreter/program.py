@@ -12,6 +12,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from mlxgraph.interpreter.errors import GraphRuntimeError
+from mlxgraph.interpreter.expert_products import mark_expert_products
 from mlxgraph.interpreter.load_options import (
     COMPUTE_DTYPES,
     check_compute_dtype,
@@ -124,6 +125,8 @@ class Program:
         finally:
             graph.close()
         nodes = [_checked(n, graph) for n in nodes]
+        if stage is None:  # a stage's slots may travel to another rank: left as written
+            nodes = mark_expert_products(nodes, constants, graph.outputs)
         layers = _layer_geometry(graph, nodes)
         widened_from = tuple(sorted({dtype_name(d) for d in stored if widen and d in HALF_DTYPES}))
         return cls(graph, constants, nodes, layers, tensor_dtypes, widened_from, stage, link,

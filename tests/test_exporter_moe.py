@@ -8,6 +8,7 @@ by default (``grouped_mm``) with its own DynamicCache: a 9-token prefill and 10 
 decode steps must agree within 1e-4 of the logits' scale and pick the same tokens.
 """
 
+import mlx.core as mx
 import numpy as np
 import pytest
 import torch
@@ -123,3 +124,47 @@ def test_routing_ops_run_like_torch(tmp_path):
         ops.count("TopKNode") == 2 and "GatherNode" not in ops and ops.count("EmbeddingNode") == 4
     )
     check_runs_like_torch(Routing().eval(), tmp_path / "r2.mlxg", lengths=(1, 2, 5), tol=1e-5)
+
+
+def test_expert_products_run_in_place_bit_for_bit(tmp_path, monkeypatch):
+    """The experts' Embedding -> Matmul pairs run as one gather_mm (interpreter/
+    expert_products.py): the logits are the unmarked pair's bit for bit, over a prefill,
+    decode steps, a batched step, and an observed step (which sees the gathered rows)."""
+    from mlxgraph.interpreter import expert_products
+    from mlxgraph.interpreter import program as program_module
+
+    model = _model("qwen3_moe")
+    export(model, tmp_path / "q.mlxg", max_seq_len=MAX_T)
+    marked = mlxgraph.load(tmp_path / "q.mlxg")
+    fused = [n for n in marked.nodes if n.fn is expert_products.gathered_matmul]
+    assert len(fused) == 2 * 2  # gate_up and down, two layers
+    monkeypatch.setattr(program_module, "mark_expert_products", lambda nodes, *_: nodes)
+    plain = mlxgraph.load(tmp_path / "q.mlxg")
+    assert not any(n.fn is expert_products.gathered_matmul for n in plain.nodes)
+
+    prompt = ids(np.arange(3, 3 + PROMPT) * 7 % 256)
+    runs = []
+    for program in (marked, plain):
+        s = program.session(capacity=MAX_T)
+        out = [np.array(s.step(prompt, range(PROMPT)))]
+        token = int(out[-1][0, -1].argmax())
+        for i in range(4):
+            out.append(np.array(s.step(ids([token]), [PROMPT + i])))
+            token = int(out[-1][0, -1].argmax())
+        others = [program.session(capacity=MAX_T) for _ in range(2)]
+        rows = [(o, ids([5 + j] * (j + 1)), list(range(j + 1))) for j, o in enumerate(others)]
+        out += [np.array(r) for r in program.step_batch(rows)]
+        seen = {}
+
+        def observe(i, rec, outs, seen=seen):
+            seen[i] = outs
+
+        observed = program.session(capacity=MAX_T).step(prompt, range(PROMPT), observer=observe)
+        out.append(np.array(observed))
+        gathered = [o for i in seen for o in seen[i]
+                    if program.nodes[i].fn is expert_products.gathered_embedding]
+        assert len(gathered) == (4 if program is marked else 0)
+        assert all(isinstance(o, mx.array) for o in gathered)
+        runs.append(out)
+    for got, want in zip(*runs):
+        assert np.array_equal(got, want)

@@ -62,3 +62,30 @@ def test_prefixes_are_dropped_and_the_budget_evicts_the_oldest(program):
     assert cache.take([7, 8, 1])[0] is None  # the least recently used went first
     assert cache.take([1, 2, 3, 4, 6])[1] == 4
     assert not PrefixCache(0).put([1, 2], _fed(program, [1, 2]))
+
+
+def test_a_recurrent_state_model_reuses_the_prefixes_its_snapshots_hold(tmp_path):
+    """A state cannot be sliced back: the kept session is rewound to the longest shared
+    prefix one of its snapshots holds (a step's start), and computes the fresh answer."""
+    from state_graphs import build_state_graph
+
+    build_state_graph(tmp_path / "s.mlxg")
+    program = mlxgraph.load(tmp_path / "s.mlxg")
+    kept_ids = [3, 4, 5, 6, 7, 8, 9, 10, 11]
+    kept = program.session(capacity=64)
+    kept.step(mx.array([kept_ids[:6]], dtype=mx.int32), range(6))  # a prefill of 6
+    for i in range(6, 9):                                            # three decode steps
+        kept.step(mx.array([[kept_ids[i]]], dtype=mx.int32), [i])
+    mx.eval(*kept.cache_state())
+    assert [kept.rewind_target(n) for n in (9, 8, 7, 6, 5, 1)] == [9, 8, 7, 6, 0, 0]
+    cache = PrefixCache(1 << 30)
+    assert cache.put(kept_ids, kept)
+    for shared in (8, 7, 6):
+        ids = kept_ids[:shared] + [20, 21]
+        fork, n = cache.take(ids)
+        assert n == shared and fork.length == shared
+        np.testing.assert_allclose(_next_logits(fork, ids),
+                                   _next_logits(program.session(capacity=64), ids), atol=1e-5)
+    # Shared 5 tokens: no snapshot at 5 (the prefill's steps are 0..5), so nothing is reused.
+    assert cache.take(kept_ids[:5] + [30, 31]) == (None, 0)
+    assert kept.length == len(kept_ids)

@@ -129,6 +129,11 @@ class RecurrentState(ForksOnCopy):
         self.length = target
         return target
 
+    def rewind_positions(self) -> set:
+        """Every position ``trim`` can take this store back to: 0, the starts of its kept
+        steps, and its length."""
+        return {0, self.length, *(p for p, _ in self._snapshots)}
+
     @property
     def max_trim(self) -> int:
         """Largest ``m`` such that ``trim(n)`` accepts every n in [0, m]: the run of kept

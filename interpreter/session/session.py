@@ -163,6 +163,24 @@ class Session(SessionState):
         self._length -= n
         return self._length
 
+    def rewind_target(self, at_most: int) -> int:
+        """The longest history of at most ``at_most`` tokens that ``trim`` can take this
+        session back to (0 when only a reset would do): any position within every KV
+        store's ``max_trim`` that every recurrent state holds a snapshot of (serve's
+        prefix cache rewinds a kept session there)."""
+        at_most = max(0, min(int(at_most), self._length))
+        lowest = 0
+        allowed = None  # positions every recurrent state can rewind to (None: any)
+        for store in self.stores.values():
+            positions = getattr(store, "rewind_positions", None)
+            if positions is not None:
+                allowed = positions() if allowed is None else allowed & positions()
+            else:
+                lowest = max(lowest, self._length - store.max_trim)
+        if allowed is None:
+            return at_most if at_most >= lowest else 0
+        return max((p for p in allowed if lowest <= p <= at_most), default=0)
+
     def _check_trim(self, n) -> int:
         """``n`` as an int, once every store can rewind it (nothing changes here)."""
         if isinstance(n, bool) or not isinstance(n, Integral):

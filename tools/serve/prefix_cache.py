@@ -3,14 +3,14 @@ under a memory budget.
 
 A new request whose token ids share a prefix with a kept session's history forks that
 session (a fork shares the buffers: interpreter/session/state.py), rewinds the fork to the
-shared prefix and prefills only the rest: the chat case, where each turn re-sends the whole
-conversation. Used by the scheduler thread only (it touches MLX arrays).
+longest shared prefix it can rewind to (a recurrent state's kept snapshots, a ring's
+window: ``Session.rewind_target``) and prefills only the rest: the chat case, where each
+turn re-sends the whole conversation. Used by the scheduler thread only (it touches MLX arrays).
 """
 
 from collections import OrderedDict
 
 from mlxgraph.generation.chat_session import common_prefix
-from mlxgraph.interpreter.cache.kv_cache import CacheError
 
 
 def cache_bytes(session) -> int:
@@ -42,8 +42,12 @@ class PrefixCache:
         is left to feed (its logits give the first new token).
         """
         best, best_n = None, 0
-        for key, (tokens, _, _) in self._entries.items():
+        for key, (tokens, session, _) in self._entries.items():
             n = min(common_prefix(tokens, ids), len(ids) - 1)
+            if n > best_n:
+                # Where the session can rewind to: a sliding-window ring only so far back,
+                # a recurrent state only to the snapshots it keeps (the step starts).
+                n = session.rewind_target(n)
             if n > best_n:
                 best, best_n = key, n
         if best is None:
@@ -51,10 +55,7 @@ class PrefixCache:
         tokens, session, _ = self._entries[best]
         self._entries.move_to_end(best)
         fork = session.fork()
-        try:
-            fork.trim(fork.length - best_n)
-        except CacheError:  # a sliding-window ring cannot rewind that far
-            return None, 0
+        fork.trim(fork.length - best_n)
         return fork, best_n
 
     def put(self, tokens, session) -> bool:
