@@ -70,6 +70,13 @@ FIGURES = {
         "pipeline_bench.print_report",
         "generate --pipeline on 1, 2, 3 local ranks against one process (docs/pipeline.md)",
     ),
+    "state": (
+        ["state_bench.py"],
+        "state_bench.print_report",
+        "recurrent-state and latent-attention models (Mamba-2, Qwen3-Next, DeepSeek-V2-Lite "
+        "shapes) against mlx-lm on the same folders; state bytes per session, KV bytes per "
+        "token (docs/session-state.md)",
+    ),
     "step_build": (
         # the files generate_bench wrote (run "generate" first, or make bench)
         ["step_build_bench.py", "--graph", "out/bench/small.mlxg", "--folder",

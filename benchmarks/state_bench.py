@@ -85,9 +85,11 @@ def build(name: str, folder: Path) -> None:
     saved = json.loads(path.read_text())
     # mlx-lm reads these at the top level (transformers 5 keeps some under rope_parameters).
     for key in ("rope_theta", "partial_rotary_factor", "mlp_only_layers",
-                "decoder_sparse_step", "intermediate_size"):
-        if key in kw or hasattr(cfg, key):
-            saved.setdefault(key, kw.get(key, getattr(cfg, key, None)))
+                "decoder_sparse_step"):
+        if key in kw:
+            saved.setdefault(key, kw[key])
+    if model_type == "mamba2":  # its mixer's width, which transformers derives
+        saved.setdefault("intermediate_size", int(cfg.expand * cfg.hidden_size))
     if rope is not None:
         saved["rope_scaling"] = rope
     path.write_text(json.dumps(saved, indent=2))
@@ -116,7 +118,7 @@ def prepared(name: str) -> tuple[Path, Path]:
         _run([sys.executable, __file__, "--build", name, str(folder)], f"building {name}")
         graph.unlink(missing_ok=True)
     if not graph.is_file():
-        _run([sys.executable, "-m", "mlxgraph", "export", str(folder), str(graph)],
+        _run([sys.executable, "-m", "mlxgraph", "export", str(folder), "-o", str(graph)],
              f"exporting {name}")
     return folder, graph
 
