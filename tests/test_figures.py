@@ -53,6 +53,14 @@ DOCS = {
         "mlxgraph": {"build_ms": 1.5, "build_ms_best": 1.2, "eval_ms": 20.0, "eval_ms_best": 19.0},
         "mlx-lm": {"build_ms": 1.0, "build_ms_best": 0.9, "eval_ms": 40.0, "eval_ms_best": 38.0},
     },
+    "state": {
+        "prompt": 256, "new_tokens": 48, "runs": 2, "load": [0.5, 0.6],
+        "results": [{"model": "mamba2", "params": 47_000_000, "prefill_ratio": 16.2,
+                     "decode_ratio": 1.96, "greedy_agree": 2, "state_bytes": 4958208,
+                     "kv_bytes_per_token": 0,
+                     "mlxgraph": {"prefill_tps": 193.3, "decode_tps": 19.0, "tokens": [1, 2]},
+                     "mlx_lm": {"prefill_tps": 11.9, "decode_tps": 9.7, "tokens": [1, 2]}}],
+    },
     "batch": {
         "size": "small", "new_tokens": 24, "prompt_tokens": 64, "load_average": [0.5, 0.6],
         "mlxgraph": {"rows": [{"batch": 1, "identical_rows": 1,
