@@ -9,6 +9,8 @@ Imports mlx: import this only after the BLAS preload (see mlxgraph.interpreter.n
 """
 
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
@@ -19,12 +21,16 @@ from mlxgraph.generation.sampling import make_sampler
 from mlxgraph.generation.stop_text import StopText
 from mlxgraph.generation.text import (
     GenerationResult,
+    Prompt,
     _is_ids,
     _optional_tokenizer,
     _room,
     prompt_to_ids,
     stop_ids,
 )
+
+if TYPE_CHECKING:  # annotations only
+    from mlxgraph.interpreter.program import Program
 
 
 class _Row:
@@ -38,20 +44,20 @@ class _Row:
 
 
 def batch_generate(
-    program,
-    prompts,
+    program: "Program",
+    prompts: Sequence[Prompt],
     *,
     max_tokens: int = DEFAULT_MAX_TOKENS,
-    stop=(),
-    extra_eos=(),
+    stop: str | Sequence[str] = (),
+    extra_eos: Sequence[int | str] = (),
     ignore_eos: bool = False,
     chat_template: bool | None = None,
     system_prompt: str | None = None,
-    tokenizer=None,
+    tokenizer: Any = None,
     capacity: int | None = None,
     kv_dtype: str | None = None,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-    **sampling,
+    **sampling: Any,
 ) -> list[GenerationResult]:
     """Generate from every prompt of ``prompts``; return a GenerationResult per prompt, in
     prompt order (what :func:`mlxgraph.generate` returns for it).

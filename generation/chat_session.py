@@ -11,12 +11,18 @@ Imports mlx: import this only after the BLAS preload (see mlxgraph.interpreter.n
 """
 
 import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from mlxgraph.generation.loop import GenerationStats
-from mlxgraph.generation.text import stream_generate
+from mlxgraph.generation.text import GenerationResponse, stream_generate
 from mlxgraph.interpreter.cache.kv_cache import CacheError
 from mlxgraph.interpreter.text.tokenizer import TokenizerError
 from mlxgraph.schema.errors import Error
+
+if TYPE_CHECKING:  # annotations only
+    from mlxgraph.interpreter.program import Program
+    from mlxgraph.interpreter.session.session import Session
 
 
 class ChatBusyError(Error, RuntimeError):
@@ -50,7 +56,8 @@ class ChatSession:
         TokenizerError: the tokenizer has no chat template.
     """
 
-    def __init__(self, program, tokenizer, session, system_prompt=None, **generation):
+    def __init__(self, program: "Program", tokenizer: Any, session: "Session",
+                 system_prompt: str | None = None, **generation: Any):
         if tokenizer is None or tokenizer.chat_template is None:
             name = getattr(tokenizer, "name", "no")
             raise TokenizerError(
@@ -74,7 +81,8 @@ class ChatSession:
         """
         return "".join(r.text for r in self.stream(text, stats))
 
-    def stream(self, text: str, stats: GenerationStats | None = None):
+    def stream(self, text: str, stats: GenerationStats | None = None
+               ) -> Iterator[GenerationResponse]:
         """Add a user message and stream the answer (a GenerationResponse per token).
 
         Nothing happens until the first piece is asked for; the message and the answer
@@ -94,7 +102,8 @@ class ChatSession:
         """
         return "".join(r.text for r in self.stream_regenerate(stats))
 
-    def stream_regenerate(self, stats: GenerationStats | None = None):
+    def stream_regenerate(self, stats: GenerationStats | None = None
+                          ) -> Iterator[GenerationResponse]:
         """:meth:`regenerate`, streamed as :meth:`stream` streams.
 
         Raises:

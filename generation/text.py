@@ -10,7 +10,9 @@ what could still become a stop string.
 Imports mlx: import this only after the BLAS preload (see mlxgraph.interpreter.native.blas).
 """
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from mlxgraph.generation.defaults import DEFAULT_MAX_TOKENS, DEFAULT_PREFILL_CHUNK
 from mlxgraph.generation.loop import GenerationStats
@@ -19,6 +21,13 @@ from mlxgraph.generation.options import SamplingOptions, SessionOptions
 from mlxgraph.generation.sampling import make_sampler
 from mlxgraph.generation.stop_text import StopText
 from mlxgraph.interpreter.text.tokenizer import TokenizerError
+
+if TYPE_CHECKING:  # annotations only
+    from mlxgraph.interpreter.program import Program
+    from mlxgraph.interpreter.session.session import Session
+
+# What a prompt may be: text, chat messages ({"role", "content"}), or token ids.
+Prompt = str | Sequence[dict] | Sequence[int]
 
 
 @dataclass
@@ -137,25 +146,25 @@ def _room(program, session, prompt_len: int, max_tokens: int) -> int:
 
 
 def stream_generate(
-    program,
-    prompt,
+    program: "Program",
+    prompt: Prompt,
     *,
     max_tokens: int = DEFAULT_MAX_TOKENS,
-    sampler=None,
-    stop=(),
-    extra_eos=(),
+    sampler: Callable | None = None,
+    stop: str | Sequence[str] = (),
+    extra_eos: Sequence[int | str] = (),
     ignore_eos: bool = False,
     chat_template: bool | None = None,
     system_prompt: str | None = None,
-    tokenizer=None,
-    session=None,
-    capacity=None,
-    kv_dtype=None,
+    tokenizer: Any = None,
+    session: "Session | None" = None,
+    capacity: int | None = None,
+    kv_dtype: str | None = None,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-    stats=None,
-    on_prefilled=None,
-    **sampling,
-):
+    stats: GenerationStats | None = None,
+    on_prefilled: "Callable[[Session], None] | None" = None,
+    **sampling: Any,
+) -> Iterator[GenerationResponse]:
     """Generate from ``prompt``, yielding a :class:`GenerationResponse` per token.
 
     Args:
@@ -229,7 +238,7 @@ def stream_generate(
     )
 
 
-def generate(program, prompt, **kwargs) -> GenerationResult:
+def generate(program: "Program", prompt: Prompt, **kwargs: Any) -> GenerationResult:
     """Generate from ``prompt`` and return the whole result (text, ids, stop reason, stats).
 
     Takes the arguments of :func:`stream_generate`; raises what it raises.

@@ -5,9 +5,12 @@ no FlatBuffer parsing. A Program is immutable; any number of sessions share it.
 """
 
 import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import cached_property
+from os import PathLike
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 
@@ -31,8 +34,9 @@ from mlxgraph.schema.spec import FieldKind
 class Program:
     """An immutable loaded graph: slots, constants (as MLX arrays), resolved nodes, metadata."""
 
-    def __init__(self, graph, constants, nodes, layers, tensor_dtypes, widened_from=(),
-                 stage=None, link=None, device_plan="cpu"):
+    def __init__(self, graph: Any, constants: dict, nodes: list, layers: dict,
+                 tensor_dtypes: list, widened_from: tuple = (), stage: Any = None,
+                 link: Any = None, device_plan: str = "cpu"):
         # Symbol values whose step already had every output checked against the verifier's
         # bounds (shapes follow from them): shared by the sessions, only ever grows.
         self.checked_shapes = set()
@@ -155,7 +159,7 @@ class Program:
             digest.update(b"\0compute_dtype=float32")
         return digest.hexdigest()
 
-    def restore(self, path):
+    def restore(self, path: str | PathLike) -> Session:
         """A new Session holding the KV cache saved in ``path`` (with the policy it was saved with).
 
         Raises:
@@ -174,7 +178,7 @@ class Program:
 
         return analyse(self)
 
-    def step_batch(self, rows, observer=None) -> list:
+    def step_batch(self, rows: Sequence[tuple], observer: Callable | None = None) -> list:
         """Step several sessions of this program in one evaluation.
 
         The rows' tokens are packed one after another into one step, so the weights are
@@ -198,8 +202,10 @@ class Program:
 
         return step_batch(self, rows, observer)
 
-    def session(self, capacity=None, kv_dtype=None, windows=None, preallocate=False, max_step=None,
-                kv_bits=0, kv_group_size=64, state_snapshots=8):
+    def session(self, capacity: int | None = None, kv_dtype: str | None = None,
+                windows: dict | None = None, preallocate: bool = False,
+                max_step: int | None = None, kv_bits: int = 0, kv_group_size: int = 64,
+                state_snapshots: int = 8) -> Session:
         """Start a session: its own KV stores and value slots over this program's weights.
 
         Args: as :class:`~mlxgraph.interpreter.session.session.Session` takes them.

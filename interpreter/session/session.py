@@ -6,8 +6,10 @@ rejected, or whose graph fails to build, leaves the session exactly as it was: t
 stores stage their writes and only commit once every node has run.
 """
 
+from collections.abc import Callable, Sequence
 from functools import partial
 from numbers import Integral
+from typing import TYPE_CHECKING, Any
 
 from mlxgraph.interpreter.cache.kv_cache import CacheError, CachePolicy, make_store
 from mlxgraph.interpreter.cache.recurrent_state import RecurrentState
@@ -30,6 +32,9 @@ from mlxgraph.interpreter.session.step_inputs import (
     host_positions,
     plan_inputs,
 )
+
+if TYPE_CHECKING:  # annotations only
+    import mlx.core as mx
 
 
 class Session(SessionState):
@@ -68,8 +73,10 @@ class Session(SessionState):
             process can allocate.
     """
 
-    def __init__(self, program, capacity=None, kv_dtype=None, windows=None, preallocate=False,
-                 max_step=None, kv_bits=0, kv_group_size=64, state_snapshots=8):
+    def __init__(self, program: Any, capacity: int | None = None, kv_dtype: str | None = None,
+                 windows: dict | None = None, preallocate: bool = False,
+                 max_step: int | None = None, kv_bits: int = 0, kv_group_size: int = 64,
+                 state_snapshots: int = 8):
         self.program = program
         self._pending = PendingChecks()
         # Not self._fail: a bound method in the lock would be a reference cycle, and a
@@ -200,7 +207,8 @@ class Session(SessionState):
         return n
 
     # ------------------------------------------------------------------ step
-    def step(self, tokens, positions, observer=None, last_only=False):
+    def step(self, tokens: Any, positions: Sequence[int], observer: Callable | None = None,
+             last_only: bool = False) -> "mx.array | dict":
         """Run the main chain on one step of tokens.
 
         Args:
