@@ -20,10 +20,8 @@ from dataclasses import replace
 
 import mlx.core as mx
 
-from mlxgraph.schema.op_catalogue import entry
+from mlxgraph.schema.op_catalogue import Trait, entry
 from mlxgraph.schema.spec import FieldKind
-
-_EMBEDDING, _MATMUL = entry("Embedding").table, entry("Matmul").table
 
 
 class GatheredRows:
@@ -102,7 +100,8 @@ def mark_expert_products(nodes: list, constants: dict, graph_outputs) -> list:
     outputs = set(graph_outputs.values())
     marked = list(nodes)
     for pos, node in enumerate(nodes):
-        if entry(node.record.op).table != _EMBEDDING:
+        op = entry(node.record.op)
+        if not op.has(Trait.EMBEDDING) or op.has(Trait.QUANTIZED):  # a float table's rows
             continue
         reads = dict(node.tensor_reads)
         table = constants.get(reads.get("weight"))
@@ -117,7 +116,7 @@ def mark_expert_products(nodes: list, constants: dict, graph_outputs) -> list:
             continue
         user = nodes[users[0]]
         operands = [name for name, slot in user.tensor_reads if slot == out]
-        if entry(user.record.op).table != _MATMUL or len(operands) != 1 or user.reads:
+        if not entry(user.record.op).has(Trait.MATMUL) or len(operands) != 1 or user.reads:
             continue
         marked[pos] = replace(node, fn=gathered_embedding)
         marked[users[0]] = replace(user, fn=gathered_matmul)

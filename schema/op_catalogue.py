@@ -40,6 +40,7 @@ class Trait(Enum):
     ATTENTION = "writes and reads one layer's KV cache, named by its layer_id"
     DTYPE_ONLY = "changes the dtype only (alignment and diff look through it)"
     STATE = "writes and reads one layer's recurrent state, named by its layer_id (format 1.3)"
+    MATMUL = "a @ b, torch.matmul's batching (the product an expert table's gathered rows feed)"
 
 
 class Bound(Enum):
@@ -135,7 +136,7 @@ OPS = (
     # reductions
     _op("Mean"), _op("Sum"), _op("Max"), _op("Argmax"), _op("Softmax"),
     # products and lookups
-    _op("Matmul"),
+    _op("Matmul", Trait.MATMUL),
     _op("Addmm", checks=(Check("alpha", "finite", "finite"), Check("beta", "finite", "finite"))),
     _op("Linear", Trait.ROW_WISE),
     _op("Embedding", Trait.EMBEDDING, guard=IndexGuard("indices", "weight")),
