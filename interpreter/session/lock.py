@@ -33,17 +33,22 @@ class SessionLock:
         self._thread = threading.get_ident()
         self._fail = fail
 
-    def hold(self, cache_state, settle=True):
-        """Take the lock for one call (use as ``with lock.hold(...)``).
+    def hold(self, cache_state, settle=True) -> "_Held":
+        """The lock for one call, taken when its ``with`` block is entered (use as
+        ``with lock.hold(...)``): taken in ``__enter__``, so a KeyboardInterrupt between
+        taking and entering cannot leave it held with nobody to release it.
 
         Args:
             cache_state: ``fn() -> arrays`` the session's cache (waited for on a thread
                 change, so the new thread never builds on arrays still being computed).
             settle: False for a call that drops the cache (reset): nothing to wait for.
-        Raises:
+        Raises (on entering):
             SessionError: another thread is inside a call, or the last step was built by
                 another thread and cannot be evaluated here.
         """
+        return _Held(self, cache_state, settle)
+
+    def _take(self, cache_state, settle) -> None:
         if not self._lock.acquire(blocking=False):
             raise self._fail("the session is in use by another thread (one step at a time)")
         try:
@@ -61,7 +66,6 @@ class SessionLock:
         except BaseException:
             self._lock.release()
             raise
-        return _Held(self._lock)
 
     @staticmethod
     def schedule(arrays) -> None:
@@ -71,16 +75,17 @@ class SessionLock:
 
 
 class _Held:
-    """Releases a lock already taken when its ``with`` block ends."""
+    """Takes the session's lock on entering its ``with`` block, releases it on leaving."""
 
-    __slots__ = ("lock",)
+    __slots__ = ("owner", "cache_state", "settle")
 
-    def __init__(self, lock):
-        self.lock = lock
+    def __init__(self, owner, cache_state, settle):
+        self.owner, self.cache_state, self.settle = owner, cache_state, settle
 
     def __enter__(self):
+        self.owner._take(self.cache_state, self.settle)
         return self
 
     def __exit__(self, *exc):
-        self.lock.release()
+        self.owner._lock.release()
         return False
