@@ -33,22 +33,17 @@ class SessionLock:
         self._thread = threading.get_ident()
         self._fail = fail
 
-    def hold(self, cache_state, settle=True) -> "_Held":
-        """The lock for one call, taken when its ``with`` block is entered (use as
-        ``with lock.hold(...)``): taken in ``__enter__``, so a KeyboardInterrupt between
-        taking and entering cannot leave it held with nobody to release it.
+    def hold(self, cache_state, settle=True):
+        """Take the lock for one call (use as ``with lock.hold(...)``).
 
         Args:
             cache_state: ``fn() -> arrays`` the session's cache (waited for on a thread
                 change, so the new thread never builds on arrays still being computed).
             settle: False for a call that drops the cache (reset): nothing to wait for.
-        Raises (on entering):
+        Raises:
             SessionError: another thread is inside a call, or the last step was built by
                 another thread and cannot be evaluated here.
         """
-        return _Held(self, cache_state, settle)
-
-    def _take(self, cache_state, settle) -> None:
         if not self._lock.acquire(blocking=False):
             raise self._fail("the session is in use by another thread (one step at a time)")
         try:
@@ -66,6 +61,7 @@ class SessionLock:
         except BaseException:
             self._lock.release()
             raise
+        return _Held(self._lock)
 
     @staticmethod
     def schedule(arrays) -> None:
@@ -75,17 +71,16 @@ class SessionLock:
 
 
 class _Held:
-    """Takes the session's lock on entering its ``with`` block, releases it on leaving."""
+    """Releases a lock already taken when its ``with`` block ends."""
 
-    __slots__ = ("owner", "cache_state", "settle")
+    __slots__ = ("lock",)
 
-    def __init__(self, owner, cache_state, settle):
-        self.owner, self.cache_state, self.settle = owner, cache_state, settle
+    def __init__(self, lock):
+        self.lock = lock
 
     def __enter__(self):
-        self.owner._take(self.cache_state, self.settle)
         return self
 
     def __exit__(self, *exc):
-        self.owner._lock.release()
+        self.lock.release()
         return False
