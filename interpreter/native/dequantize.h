@@ -26,17 +26,22 @@
 
 namespace mlxgraph_native {
 
-struct DequantizeProblem {
-  const uint8_t* w;      // [N][K * bits / 8]
-  const void* scales;    // [N][G], float32 or float16 (half_scales)
+// A weight W [n, k] in MLX's packed layout.
+struct PackedWeight {
+  const uint8_t* w;      // [n][k * bits / 8]
+  const void* scales;    // [n][k / group_size], float32 or float16 (half_scales)
   const void* biases;
-  float* out;            // [N][K]
   int n, k, bits, group_size;
   bool half_scales;
 };
 
+struct DequantizeProblem {
+  PackedWeight w;
+  float* out;            // [n][k]
+};
+
 // Row n's scales and biases as float32 (float16 ones widened into the buffers).
-inline void row_scales(const DequantizeProblem& p, int n, std::vector<float>& s,
+inline void row_scales(const PackedWeight& p, int n, std::vector<float>& s,
                        std::vector<float>& b, const float** sp, const float** bp) {
   const int groups = p.k / p.group_size;
   if (!p.half_scales) {
@@ -52,27 +57,29 @@ inline void row_scales(const DequantizeProblem& p, int n, std::vector<float>& s,
   *bp = b.data();
 }
 
-inline void dequantize_rows_plain(const DequantizeProblem& p, int lo, int hi) {
-  thread_local std::vector<float> sbuf, bbuf;
-  const size_t row_bytes = (size_t)p.k * p.bits / 8;
-  for (int n = lo; n < hi; ++n) {
-    const float *s, *b;
-    row_scales(p, n, sbuf, bbuf, &s, &b);
-    const uint8_t* codes = p.w + (size_t)n * row_bytes;
-    float* out = p.out + (size_t)n * p.k;
-    for (int k = 0; k < p.k; ++k) {
-      const int code = p.bits == 8 ? codes[k] : (codes[k / 2] >> (4 * (k & 1))) & 15;
-      const int g = k / p.group_size;
-      out[k] = __builtin_fmaf(s[g], (float)code, b[g]);
-    }
+// A segment starts and ends on a multiple of this many weights: a whole 16-byte block of
+// codes at either bits (16 at 8 bits, 32 at 4), and a group is a whole number of them.
+constexpr int SEGMENT = 32;
+
+// Weights [lo, hi) of row n of W into out[0, hi - lo), lo and hi multiples of SEGMENT; s
+// and b are the row's float32 scales and biases (row_scales).
+using SegmentFn = void (*)(const PackedWeight& p, const float* s, const float* b, int n,
+                           int lo, int hi, float* out);
+
+inline void dequantize_segment_plain(const PackedWeight& p, const float* s, const float* b,
+                                     int n, int lo, int hi, float* out) {
+  const uint8_t* codes = p.w + (size_t)n * p.k * p.bits / 8;
+  for (int k = lo; k < hi; ++k) {
+    const int code = p.bits == 8 ? codes[k] : (codes[k / 2] >> (4 * (k & 1))) & 15;
+    const int g = k / p.group_size;
+    out[k - lo] = __builtin_fmaf(s[g], (float)code, b[g]);
   }
 }
 
 #if defined(__x86_64__)
-__attribute__((target("arch=x86-64-v4"))) inline void dequantize_rows_avx512(
-    const DequantizeProblem& p, int lo, int hi) {
-  thread_local std::vector<float> sbuf, bbuf;
-  const size_t row_bytes = (size_t)p.k * p.bits / 8;
+__attribute__((target("arch=x86-64-v4"))) inline void dequantize_segment_avx512(
+    const PackedWeight& p, const float* s, const float* b, int n, int lo, int hi,
+    float* out) {
   const int block_weights = p.bits == 8 ? 16 : 32;  // weights per 16-byte block
   // 4 bits: the low nibbles are the even weights, the high ones the odd: interleaved back
   // into k order by two permutes of the pair.
@@ -80,40 +87,47 @@ __attribute__((target("arch=x86-64-v4"))) inline void dequantize_rows_avx512(
   const __m512i second =
       _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
   const __m512i fifteen = _mm512_set1_epi32(15);
-  for (int n = lo; n < hi; ++n) {
-    const float *s, *b;
-    row_scales(p, n, sbuf, bbuf, &s, &b);
-    const uint8_t* codes = p.w + (size_t)n * row_bytes;
-    float* out = p.out + (size_t)n * p.k;
-    for (int k = 0; k < p.k; k += block_weights, codes += 16, out += block_weights) {
-      const int g = k / p.group_size;  // a block never straddles groups (caller checks)
-      const __m512 scale = _mm512_set1_ps(s[g]), bias = _mm512_set1_ps(b[g]);
-      const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)codes));
-      if (p.bits == 8) {
-        _mm512_storeu_ps(out, _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(c), bias));
-        continue;
-      }
-      const __m512 even = _mm512_cvtepi32_ps(_mm512_and_si512(c, fifteen));
-      const __m512 odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4));
-      _mm512_storeu_ps(out, _mm512_fmadd_ps(scale, _mm512_permutex2var_ps(even, first, odd),
-                                            bias));
-      _mm512_storeu_ps(out + 16, _mm512_fmadd_ps(
-                                     scale, _mm512_permutex2var_ps(even, second, odd), bias));
+  const uint8_t* codes = p.w + ((size_t)n * p.k + lo) * p.bits / 8;
+  for (int k = lo; k < hi; k += block_weights, codes += 16, out += block_weights) {
+    const int g = k / p.group_size;  // a block never straddles groups (caller checks)
+    const __m512 scale = _mm512_set1_ps(s[g]), bias = _mm512_set1_ps(b[g]);
+    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)codes));
+    if (p.bits == 8) {
+      _mm512_storeu_ps(out, _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(c), bias));
+      continue;
     }
+    const __m512 even = _mm512_cvtepi32_ps(_mm512_and_si512(c, fifteen));
+    const __m512 odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4));
+    _mm512_storeu_ps(out, _mm512_fmadd_ps(scale, _mm512_permutex2var_ps(even, first, odd),
+                                          bias));
+    _mm512_storeu_ps(out + 16, _mm512_fmadd_ps(
+                                   scale, _mm512_permutex2var_ps(even, second, odd), bias));
   }
 }
 #endif
 
-// Every row of W, over the pool, with the AVX-512 code when the quantized kernel's level
-// (set_level) is AVX-512. The caller guarantees bits 4 or 8 and whole 16-byte blocks per
-// group (group_size * bits / 8 a multiple of 16).
-inline void dequantize(const DequantizeProblem& p) {
-  if (p.n == 0 || p.k == 0) return;
-  auto rows = dequantize_rows_plain;
+// The segment code for the quantized kernel's level (set_level): AVX-512's or the plain
+// loop, the same values either way (one fused multiply-add per weight).
+inline SegmentFn dequantize_segment() {
 #if defined(__x86_64__)
-  if (std::string(levels()[g_level.load()].name) == "avx512") rows = dequantize_rows_avx512;
+  if (std::string(levels()[g_level.load()].name) == "avx512") return dequantize_segment_avx512;
 #endif
-  parallel_rows(p.n, (long)p.n * p.k, [&p, rows](int lo, int hi) { rows(p, lo, hi); });
+  return dequantize_segment_plain;
+}
+
+// Every row of W, over the pool. The caller guarantees bits 4 or 8 and whole 16-byte
+// blocks per group (group_size * bits / 8 a multiple of 16).
+inline void dequantize(const DequantizeProblem& p) {
+  if (p.w.n == 0 || p.w.k == 0) return;
+  const SegmentFn segment = dequantize_segment();
+  parallel_rows(p.w.n, (long)p.w.n * p.w.k, [&p, segment](int lo, int hi) {
+    thread_local std::vector<float> sbuf, bbuf;
+    for (int n = lo; n < hi; ++n) {
+      const float *s, *b;
+      row_scales(p.w, n, sbuf, bbuf, &s, &b);
+      segment(p.w, s, b, n, 0, p.w.k, p.out + (size_t)n * p.w.k);
+    }
+  });
 }
 
 }  // namespace mlxgraph_native

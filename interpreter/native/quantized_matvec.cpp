@@ -27,6 +27,7 @@
 #include "half_matvec.h"
 #include "matvec_common.h"
 #include "quantized_kernel.h"
+#include "quantized_tile.h"
 #include "simd_name.h"
 
 namespace mx = mlx::core;
@@ -55,6 +56,14 @@ class PackedWeightPrimitive : public mx::Primitive {
  protected:
   int group_size_, bits_;
 };
+
+// The packed weight's pointers and shape as the kernels read them (inputs of an eval_cpu,
+// checked at the node's creation by check_packed).
+PackedWeight packed_weight(const mx::array& w, const mx::array& scales,
+                                  const mx::array& biases, int k, int group_size, int bits) {
+  return PackedWeight{w.data<uint8_t>(), scales.data<void>(), biases.data<void>(),
+                      (int)w.shape(0), k, bits, group_size, scales.dtype() == mx::float16};
+}
 
 class QuantizedMatvec : public PackedWeightPrimitive {
  public:
@@ -98,13 +107,40 @@ class QuantizedDequantize : public PackedWeightPrimitive {
     const auto& biases = inputs[2];
     auto& out = outputs[0];
     auto& encoder = mlxgraph_eval::begin_eval(stream(), inputs, out);
-    DequantizeProblem p{w.data<uint8_t>(), scales.data<void>(), biases.data<void>(),
-                        out.data<float>(), (int)out.shape(0), (int)out.shape(1), bits_,
-                        group_size_, scales.dtype() == mx::float16};
+    DequantizeProblem p{packed_weight(w, scales, biases, (int)out.shape(1), group_size_, bits_),
+                        out.data<float>()};
     encoder.dispatch([p]() { dequantize(p); });
   }
 
   const char* name() const override { return "MlxgraphQuantizedDequantize"; }
+};
+
+// x @ W.T for prefill-sized float32 x, W dequantized a tile at a time (quantized_tile.h).
+class QuantizedTile : public PackedWeightPrimitive {
+ public:
+  using PackedWeightPrimitive::PackedWeightPrimitive;
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const auto& x = inputs[0];
+    auto& out = outputs[0];
+    auto& encoder = mlxgraph_eval::begin_eval(stream(), inputs, out);
+    QuantizedTileProblem p{x.data<float>(),
+                           packed_weight(inputs[1], inputs[2], inputs[3], (int)x.shape(-1),
+                                         group_size_, bits_),
+                           out.data<float>(), (int)(x.size() / x.shape(-1))};
+    if (x.flags().row_contiguous) {
+      encoder.dispatch([p]() { quantized_tile_product(p); });
+    } else {  // a view: its elements gathered into rows on the stream's thread
+      encoder.dispatch([p, shape = x.shape(), strides = x.strides()]() mutable {
+        std::vector<float> rows((size_t)p.m * p.w.k);
+        gather(p.x, shape, strides, rows.data());
+        p.x = rows.data();
+        quantized_tile_product(p);
+      });
+    }
+  }
+
+  const char* name() const override { return "MlxgraphQuantizedTile"; }
 };
 
 // Shapes and dtypes both native entry points need: bits 4 or 8, whole 16-byte blocks per
@@ -135,6 +171,23 @@ mx::array quantized_dequantize(const mx::array& w, const mx::array& scales,
                    {row_major(w, s), row_major(scales, s), row_major(biases, s)});
 }
 
+// The checks the tiled product relies on: float32 x of any rows, AVX-512F.
+mx::array quantized_tile(const mx::array& x, const mx::array& w, const mx::array& scales,
+                         const mx::array& biases, int group_size, int bits) {
+  if (!quantized_tile_available())
+    throw std::invalid_argument("quantized_tile: needs x86-64 with AVX-512F");
+  if (x.dtype() != mx::float32 || x.ndim() < 1)
+    throw std::invalid_argument("quantized_tile: float32 x");
+  const int k = x.shape(-1);
+  check_packed("quantized_tile", w, scales, biases, k, group_size, bits);
+  if (k == 0) throw std::invalid_argument("quantized_tile: shapes do not match");
+  auto s = mx::default_stream(mx::Device::cpu);
+  auto shape = x.shape();
+  shape.back() = w.shape(0);
+  return mx::array(shape, mx::float32, std::make_shared<QuantizedTile>(s, group_size, bits),
+                   {x, row_major(w, s), row_major(scales, s), row_major(biases, s)});
+}
+
 // The checks the kernel relies on; the Python side only calls it for eligible shapes.
 mx::array quantized_matvec(const mx::array& x_in, const mx::array& w, const mx::array& scales,
                            const mx::array& biases, int group_size, int bits) {
@@ -161,6 +214,12 @@ NB_MODULE(_quantized_matvec, m) {
   m.def("dequantize", &quantized_dequantize, nb::arg("w"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
         "The float32 [N, K] weight of a packed one, scale * code + bias (lazy MLX array).");
+  m.def("quantized_tile", &quantized_tile, nb::arg("x"), nb::arg("w"), nb::arg("scales"),
+        nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
+        "x @ dequantize(w).T for float32 x of any rows, w dequantized a tile at a time "
+        "(AVX-512F; lazy MLX array).");
+  m.def("tile_available", &quantized_tile_available,
+        "Whether this CPU runs quantized_tile (x86-64 with AVX-512F).");
   m.def("half_matvec", &half_matvec, nb::arg("x"), nb::arg("w"),
         "x @ w.T in float32 for float16 or bfloat16 x of at most 8 rows and w of x's dtype.");
   m.def("simd", &simd_name, "The instruction set the kernel's dispatch picks on this CPU.");
