@@ -188,9 +188,20 @@ QUANTIZED_THREADS = Knob(
     "MLXGRAPH_QUANTIZED_THREADS",
     "auto or N (a positive integer; 8 at most are used)",
     "auto",
-    "threads of the native matrix-vector kernels (auto: 2, or 1 on a one-CPU machine)",
+    "threads of the native matrix-vector kernels and the tiled prefill product (auto: 2, or 1 "
+    "on a one-CPU machine)",
     "with MLXGRAPH_QUANTIZED_KERNEL",
     _threads,
+)
+QUANTIZED_PREFILL = Knob(
+    "MLXGRAPH_QUANTIZED_PREFILL",
+    "on (also tile); off (also dequantize)",
+    "on",
+    "float32 QuantizedLinear steps of more than 8 rows on the CPU: on, the native tiled "
+    "product (native/quantized_tile.h, AVX-512: the weight dequantized a tile at a time); "
+    "off, the whole weight dequantized, then the BLAS matmul",
+    "with MLXGRAPH_QUANTIZED_KERNEL",
+    switch(("tile",), ("dequantize",)),
 )
 TOKENIZER_DEADLINE = Knob(
     "MLXGRAPH_TOKENIZER_DEADLINE",
@@ -212,7 +223,8 @@ GRAPH_CACHE = Knob(
     str,
 )
 KNOBS = (BLAS, BLAS_ROUTER, BLAS_TILE, BLAS_MATVEC, BLAS_THREADS, NATIVE_ACTIVATIONS,
-         QUANTIZED_KERNEL, QUANTIZED_THREADS, TOKENIZER_DEADLINE, GRAPH_CACHE)
+         QUANTIZED_KERNEL, QUANTIZED_PREFILL, QUANTIZED_THREADS, TOKENIZER_DEADLINE,
+         GRAPH_CACHE)
 
 
 def check_environment(env=None) -> None:
@@ -248,6 +260,7 @@ __all__ = [
     "OFF",
     "ON",
     "QUANTIZED_KERNEL",
+    "QUANTIZED_PREFILL",
     "QUANTIZED_THREADS",
     "TOKENIZER_DEADLINE",
     "check_environment",

@@ -1,8 +1,8 @@
 """Kernels of quantized weights (format 1.2): QuantizedLinear and QuantizedEmbedding through
 MLX's own quantized ops, which read the packed layout directly on every device, and on the
 CPU the native matrix-vector kernel for decode-sized float32 steps when the install built
-it, and a dequantized weight under the BLAS matmul for longer ones
-(interpreter/native/quantized.py).
+it, and for longer ones its tiled product (the weight dequantized a tile at a time), or a
+dequantized weight under the BLAS matmul (interpreter/native/quantized.py).
 
 Scales and biases narrower than float32 (a float32 graph stores them as float16 by
 default) are widened before dequantizing: the weight is then computed in float32, which is
@@ -17,6 +17,7 @@ from mlxgraph.interpreter.native.quantized import (
     eligible,
     native_kernel,
     prefill_sized,
+    tile_eligible,
 )
 
 
@@ -34,6 +35,9 @@ def quantized_linear(x, weight, scales, biases, bias, group_size, bits):
     on_cpu = mx.default_device() == mx.cpu
     if on_cpu and eligible(native, x, scales, group_size, bits):
         y = native.fn(x, weight, scales, biases, group_size, bits)
+    elif on_cpu and tile_eligible(native, x, scales, group_size, bits):
+        # Prefill: the packed weight dequantized a tile at a time into cache, never whole.
+        y = native.tile_fn(x, weight, scales, biases, group_size, bits)
     elif on_cpu and prefill_sized(x):
         # MLX's CPU quantized_matmul is a plain loop (~20x a float32 matmul at 128 rows):
         # a prefill-sized step dequantizes the weight and takes the BLAS matmul instead,

@@ -1,6 +1,7 @@
 """The native matrix-vector kernels (interpreter/native/: quantized_matvec.cpp for quantized
-weights, half_matvec.h for float16/bfloat16 weights), if the install built them: loading,
-the runtime switch, where each applies, and what the stats say about them.
+weights, half_matvec.h for float16/bfloat16 weights) and the quantized prefill product
+(quantized_tile.h), if the install built them: loading, the runtime switches, where each
+applies, and what the stats say about them.
 
 The kernels are MLX primitives in a nanobind extension of MLX's own nanobind domain, linked
 against libmlx at load: libmlx (already loaded by mlx.core, privately) is made global
@@ -14,12 +15,12 @@ from functools import cache
 
 import mlx.core as mx
 
-from mlxgraph.interpreter.knobs import QUANTIZED_KERNEL, QUANTIZED_THREADS
+from mlxgraph.interpreter.knobs import QUANTIZED_KERNEL, QUANTIZED_PREFILL, QUANTIZED_THREADS
 from mlxgraph.interpreter.native.mlx_extension import import_mlx_extension
 
-# Float32 steps of more rows than this dequantize the weight and take the BLAS matmul
-# (benchmarks/quantized_bench.py: ~10x MLX's CPU quantized_matmul from 8 rows on); the
-# native kernel takes up to its own MAX_ROWS (8) before that.
+# Float32 steps of more rows than this take the tiled product, or dequantize the weight and
+# take the BLAS matmul (benchmarks/quantized_bench.py: ~10x MLX's CPU quantized_matmul from
+# 8 rows on); the native kernel takes up to its own MAX_ROWS (8) before that.
 PREFILL_ROWS = 4
 # Scales and biases the native kernel reads (a float32 graph's, float16 by default).
 _KERNEL_SCALES = (mx.float32, mx.float16)
@@ -28,7 +29,8 @@ _KERNEL_SCALES = (mx.float32, mx.float16)
 @dataclass(frozen=True)
 class NativeKernel:
     """The loaded native kernels, or why there are none (``fn`` None): ``fn`` the quantized
-    product, ``half_fn`` the float16/bfloat16 one."""
+    product, ``half_fn`` the float16/bfloat16 one, ``tile_fn`` the quantized prefill product
+    (None where ``tile_reason`` says why: no AVX-512F, or ``MLXGRAPH_QUANTIZED_PREFILL``)."""
 
     fn: object
     simd: str
@@ -37,12 +39,19 @@ class NativeKernel:
     reason: str = ""
     half_fn: object = None
     dequantize_fn: object = None
+    tile_fn: object = None
+    tile_reason: str = ""
 
     def describe(self) -> str:
         """One line for the stats: which kernel a QuantizedLinear runs on."""
-        how = "native dequantize" if self.dequantize_fn is not None else "dequantize"
-        longer = (f"float32 steps of > {max(PREFILL_ROWS, self.max_rows)} rows: {how} + "
-                  "BLAS matmul; otherwise mx.quantized_matmul")
+        if self.tile_fn is not None:
+            how = "native tiled product"
+        elif self.dequantize_fn is not None:
+            how = f"native dequantize + BLAS matmul ({self.tile_reason})"
+        else:
+            how = "dequantize + BLAS matmul"
+        longer = (f"float32 steps of > {max(PREFILL_ROWS, self.max_rows)} rows: {how}; "
+                  "otherwise mx.quantized_matmul")
         if self.fn is None:
             return f"{longer} ({self.reason})"
         return (f"native matvec ({self.simd}, {self.threads} threads) for float32 steps of "
@@ -68,10 +77,11 @@ def _absent(reason: str) -> NativeKernel:
 @cache
 def native_kernel() -> NativeKernel:
     """The native kernel (loaded once per process), or why it is not used
-    (``MLXGRAPH_QUANTIZED_KERNEL`` off; its threads: ``MLXGRAPH_QUANTIZED_THREADS``).
+    (``MLXGRAPH_QUANTIZED_KERNEL`` off; its threads: ``MLXGRAPH_QUANTIZED_THREADS``; the
+    prefill product: ``MLXGRAPH_QUANTIZED_PREFILL``).
 
     Raises:
-        KnobError: either knob holds a value it does not take.
+        KnobError: a knob holds a value it does not take.
     """
     threads = QUANTIZED_THREADS.read() or min(2, os.cpu_count() or 1)
     if not QUANTIZED_KERNEL.read():
@@ -80,9 +90,15 @@ def native_kernel() -> NativeKernel:
     if module is None:
         return _absent(reason)
     module.set_threads(threads)
+    tile_fn, tile_reason = module.quantized_tile, ""
+    if not QUANTIZED_PREFILL.read():
+        tile_fn, tile_reason = None, f"{QUANTIZED_PREFILL.name}={QUANTIZED_PREFILL.raw()}"
+    elif not module.tile_available():
+        tile_fn, tile_reason = None, "the tiled product needs AVX-512F"
     return NativeKernel(module.quantized_matvec, module.simd(), module.threads(),
                         module.MAX_ROWS, half_fn=module.half_matvec,
-                        dequantize_fn=module.dequantize)
+                        dequantize_fn=module.dequantize, tile_fn=tile_fn,
+                        tile_reason=tile_reason)
 
 
 def eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -> bool:
@@ -93,11 +109,22 @@ def eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -> boo
             and (group_size * bits // 8) % 16 == 0)
 
 
+def _packed_eligible(scales, group_size: int, bits: int) -> bool:
+    """Float32 or float16 scales, a group of whole 16-byte blocks: what every native kernel
+    of packed weights reads."""
+    return scales.dtype in _KERNEL_SCALES and (group_size * bits // 8) % 16 == 0
+
+
 def dequantize_eligible(kernel: NativeKernel, scales, group_size: int, bits: int) -> bool:
-    """Whether the native dequantize takes this weight: float32 or float16 scales, a group of
-    whole 16-byte blocks (the native product's rule)."""
-    return (kernel.dequantize_fn is not None and scales.dtype in _KERNEL_SCALES
-            and (group_size * bits // 8) % 16 == 0)
+    """Whether the native dequantize takes this weight (the native product's rule)."""
+    return kernel.dequantize_fn is not None and _packed_eligible(scales, group_size, bits)
+
+
+def tile_eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -> bool:
+    """Whether the tiled prefill product computes x @ W.T: a prefill-sized float32 x with a
+    nonempty last axis, and the native product's rule for the weight."""
+    return (kernel.tile_fn is not None and prefill_sized(x) and x.shape[-1] > 0
+            and _packed_eligible(scales, group_size, bits))
 
 
 def prefill_sized(x) -> bool:
