@@ -9,6 +9,13 @@ BLAS (the router's sgemv), MLX's ``mx.quantized_matmul`` and mlxgraph's native k
 q8 and q4 (group 64; 1 and 2 threads); best-of-5 ms per product and each one's ratio to
 float32.
 
+Part 1 also times the prefill products of the small model at ``--prompt`` rows (its
+weights' shapes, q8 and q4, group 64, float16 scales as the export stores them): the old
+path (the native dequantize of the whole weight, then MLX's matmul on the router) against
+the tiled product that dequantizes a tile at a time (interpreter/native/quantized_tile.h),
+called in turns in one process (this VM's speed drifts over seconds); median ms of each
+and old/tiled (> 1: the tiled product is faster).
+
 Part 2, per model: ``tiny-code`` (the trained built-in) and ``small`` (the generate
 benchmark's ~156M Llama, seeded random weights, tiny-code's tokenizer added so llama.cpp's
 converter takes the folder). The folder is exported as float32, q8 and q4 graphs and
@@ -56,7 +63,52 @@ def _best_ms(fn, mx, repeats=5, inner=20) -> float:
     return best * 1e3
 
 
-def matvec_worker() -> dict:
+# The small model's prefill products (N, K): q/o, k/v, gate/up and down projections.
+PREFILL_SHAPES = [(1024, 1024), (256, 1024), (2816, 1024), (1024, 2816)]
+
+
+def _median_ms_in_turns(fns: dict, mx, repeats=15, inner=3) -> dict:
+    """Median ms of each of ``fns`` (name -> fn returning an array), called in turns so a
+    drift of the machine's speed falls on all of them alike."""
+    times = {name: [] for name in fns}
+    names = list(fns)
+    for name in names:
+        mx.eval(fns[name]())
+    for rep in range(repeats):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                mx.eval(fns[name]())
+            times[name].append((time.perf_counter() - t0) / inner * 1e3)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
+def _old_and_tiled(native, x, q, s, b, bits: int) -> dict:
+    """x @ W.T both ways: the whole weight dequantized then the matmul, and tiled."""
+    return {"old": lambda: x @ native.dequantize_fn(q, s, b, GROUP, bits).T,
+            "tiled": lambda: native.tile_fn(x, q, s, b, GROUP, bits)}
+
+
+def prefill_products(mx, native, rows: int) -> list:
+    """The old prefill path (whole weight dequantized, then the matmul) against the tiled
+    product, per small-model shape and bit width; [] without the tiled product."""
+    if native.tile_fn is None:
+        return []
+    out = []
+    x_all = mx.random.normal((rows, max(k for _, k in PREFILL_SHAPES)), key=mx.random.key(2))
+    for n, k in PREFILL_SHAPES:
+        w = mx.random.normal((n, k), key=mx.random.key(3)) * 0.02
+        x = x_all[:, :k] + 0
+        for bits in (8, 4):
+            q, s, b = mx.quantize(w, group_size=GROUP, bits=bits)
+            s, b = s.astype(mx.float16), b.astype(mx.float16)
+            mx.eval(x, q, s, b)
+            ms = _median_ms_in_turns(_old_and_tiled(native, x, q, s, b, bits), mx)
+            out.append({"shape": f"{rows}x{k}x{n}", "bits": bits, **ms})
+    return out
+
+
+def matvec_worker(prompt: int) -> dict:
     """Child process: the products of part 1."""
     from mlxgraph.interpreter.native.blas import preload_blas
 
@@ -84,7 +136,10 @@ def matvec_worker() -> dict:
             ext.set_threads(threads)
             rows[f"q{bits} native, {threads} thread(s)"] = _best_ms(
                 lambda q=q, s=s, b=b, bits=bits: native.fn(x, q, s, b, GROUP, bits), mx)
-    return {"native": native.describe(), "ms": rows}
+    if native.fn is not None:
+        ext.set_threads(native.threads)   # the prefill products run as a graph's would
+    return {"native": native.describe(), "ms": rows,
+            "prefill": prefill_products(mx, native, prompt)}
 
 
 ENGINES = Path(__file__).resolve().parent / "engines"
@@ -194,9 +249,9 @@ def read_per_token(cfg: dict, file_bytes: int, context: float) -> float:
     return file_bytes * layers_and_head / (layers_and_head + table) + kv
 
 
-def _matvec_child() -> dict:
-    done = subprocess.run([sys.executable, __file__, "--matvec-worker"], capture_output=True,
-                          text=True, check=True)
+def _matvec_child(prompt: int) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--matvec-worker", "--prompt", str(prompt)],
+                          capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -204,8 +259,8 @@ def measure(args) -> dict:
     """Both parts; folders, graphs and GGUF files go to ``--workdir`` (kept and reused) or
     a temporary folder."""
     facts = machine_facts()
-    doc = {"machine": facts, "bandwidth": measure_bandwidth(), "matvec": _matvec_child(),
-           "models": []}
+    doc = {"machine": facts, "bandwidth": measure_bandwidth(),
+           "matvec": _matvec_child(args.prompt), "models": []}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -227,6 +282,11 @@ def print_table(doc: dict) -> None:
     f32 = m["ms"]["float32 (BLAS)"]
     for name, ms in m["ms"].items():
         print(f"  {name:32s} {ms:8.3f} ms   {f32 / ms:5.2f}x float32")
+    if m["prefill"]:
+        print("prefill products (x @ W.T, group 64, float16 scales), median ms in turns:")
+    for r in m["prefill"]:
+        print(f"  q{r['bits']} {r['shape']:16s} old (dequantize + matmul) {r['old']:7.2f}  "
+              f"tiled {r['tiled']:7.2f}   {r['old'] / r['tiled']:5.2f}x")
     for model in doc["models"]:
         print(f"\n{model['model']}: {model['prompt']}-token prompt, {model['decode']} greedy "
               f"tokens (llama.cpp: {model['llama_cpp']})")
@@ -257,7 +317,7 @@ def main(argv=None) -> int:
     ap.add_argument("--matvec-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.matvec_worker:
-        print(json.dumps(matvec_worker()))
+        print(json.dumps(matvec_worker(args.prompt)))
         return 0
     doc = measure(args)
     if args.json:

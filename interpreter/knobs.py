@@ -180,7 +180,8 @@ QUANTIZED_KERNEL = Knob(
     "on (also native); off (also mlx)",
     "on",
     "all kernels of the native matrix-vector extension: the quantized and the "
-    "float16/bfloat16 matvec, the quantized weight's dequantize (off: MLX's own ops)",
+    "float16/bfloat16 matvec, the quantized weight's dequantize and tiled prefill product "
+    "(off: MLX's own ops)",
     "once, at the first of them",
     switch(("native",), ("mlx",)),
 )
@@ -195,13 +196,13 @@ QUANTIZED_THREADS = Knob(
 )
 QUANTIZED_PREFILL = Knob(
     "MLXGRAPH_QUANTIZED_PREFILL",
-    "on (also tile); off (also dequantize)",
+    "on; off",
     "on",
     "float32 QuantizedLinear steps of more than 8 rows on the CPU: on, the native tiled "
     "product (native/quantized_tile.h, AVX-512: the weight dequantized a tile at a time); "
     "off, the whole weight dequantized, then the BLAS matmul",
     "with MLXGRAPH_QUANTIZED_KERNEL",
-    switch(("tile",), ("dequantize",)),
+    switch(),
 )
 TOKENIZER_DEADLINE = Knob(
     "MLXGRAPH_TOKENIZER_DEADLINE",

@@ -24,6 +24,7 @@ INVALID = {
     "MLXGRAPH_BLAS_THREADS": "two",
     "MLXGRAPH_NATIVE_ACTIVATIONS": "2",
     "MLXGRAPH_QUANTIZED_KERNEL": "fast",
+    "MLXGRAPH_QUANTIZED_PREFILL": "tiled",
     "MLXGRAPH_QUANTIZED_THREADS": "0",
     "MLXGRAPH_TOKENIZER_DEADLINE": "-1",
     "MLXGRAPH_GRAPH_CACHE": None,  # any folder name (an unwritable one: the command says so)
@@ -56,7 +57,8 @@ def test_unset_or_empty_is_the_default(knob):
 
 
 @pytest.mark.parametrize("knob", [knobs.BLAS_ROUTER, knobs.NATIVE_ACTIVATIONS,
-                                  knobs.QUANTIZED_KERNEL], ids=lambda k: k.name)
+                                  knobs.QUANTIZED_KERNEL, knobs.QUANTIZED_PREFILL],
+                         ids=lambda k: k.name)
 def test_switches_share_one_vocabulary(knob):
     for word in knobs.ON:
         assert knob.read({knob.name: f" {word.upper()} "}) is True
