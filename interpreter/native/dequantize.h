@@ -1,5 +1,7 @@
-// mlxgraph's dequantize of MLX's packed weights on the CPU, for a prefill-sized
-// QuantizedLinear step (the weight, dequantized, then takes the BLAS matmul):
+// mlxgraph's dequantize of MLX's packed weights on the CPU, for prefill-sized
+// QuantizedLinear steps: segments of rows, a tile's k block at a time, for the tiled
+// product (quantized_tile.h), or the whole weight before the BLAS matmul where that does
+// not run (MLXGRAPH_QUANTIZED_PREFILL=off, no AVX-512F):
 //
 //   W[n, k] = scales[n, g] * code[n, k] + biases[n, g],   g = k / group_size,
 //
@@ -7,9 +9,9 @@
 // MLX's packed layout (quantized_kernel.h: bytes in k order, at 4 bits the low nibble first),
 // scales and biases float32 or float16. MLX's own CPU dequantize takes ~3 ns a weight here
 // (8.4 ms for a 2816 x 1024 weight, more than the 128-row product that follows); this one
-// widens a 16-byte block of codes in registers and writes 16 or 32 weights per step, rows of
-// W shared over matvec_common.h's pool. AVX-512 (x86-64-v4) and a plain loop for the rest.
-// Included by quantized_matvec.cpp.
+// widens a 16-byte block of codes in registers and writes 16 or 32 weights per step (the
+// whole weight: rows of W shared over matvec_common.h's pool). AVX-512 (x86-64-v4) and a
+// plain loop for the rest, the same values. Included by quantized_matvec.cpp.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 /* mlxgraph's work-sharing thread pool (pool.c), the one every native kernel uses: the BLAS
- * router's products (blas_router.c, small_gemm.c, tile_gemm.c) and the matrix-vector
- * kernels (matvec_common.h). Each extension that uses it builds it in and has a pool of
+ * router's products (blas_router.c, small_gemm.c, tile_gemm.c), the matrix-vector
+ * kernels (matvec_common.h) and the quantized prefill product (quantized_tile.h). Each extension that uses it builds it in and has a pool of
  * its own. */
 #ifndef MLXGRAPH_POOL_H
 #define MLXGRAPH_POOL_H

@@ -1,11 +1,12 @@
 // mlxgraph's quantized matrix-vector product on the CPU, as an MLX primitive
 // (docs/architecture.md#quantized-weights), and the module of the native kernels (the half
-// precision one is half_matvec.h). Built at install by setup.py (optional);
+// precision one is half_matvec.h, the quantized prefill product quantized_tile.h, the
+// dequantize dequantize.h). Built at install by setup.py (optional);
 // interpreter/native/quantized.py loads it and falls back to MLX's own ops without it.
 //
 // The arithmetic is quantized_kernel.h's (16-byte blocks of codes widened in registers,
 // AVX-512 / AVX2 / generic code picked at load, rows of W over matvec_common.h's pool);
-// this file is the MLX side: the primitive, its checks, and the Python module.
+// this file is the MLX side: the primitives, their checks, and the Python module.
 
 #include <cstdint>
 #include <cstring>
