@@ -101,18 +101,18 @@ def native_kernel() -> NativeKernel:
                         tile_reason=tile_reason)
 
 
-def eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -> bool:
-    """Whether the native kernel computes this product: float32 x, float32 or float16
-    scales, few rows, a group of whole 16-byte blocks (every format bits and group size)."""
-    return (kernel.fn is not None and x.dtype == mx.float32 and scales.dtype in _KERNEL_SCALES
-            and x.ndim >= 1 and 1 <= x.size // max(x.shape[-1], 1) <= kernel.max_rows
-            and (group_size * bits // 8) % 16 == 0)
-
-
 def _packed_eligible(scales, group_size: int, bits: int) -> bool:
-    """Float32 or float16 scales, a group of whole 16-byte blocks: what every native kernel
-    of packed weights reads."""
+    """Float32 or float16 scales, a group of whole 16-byte blocks (every format bits and
+    group size): what every native kernel of packed weights reads."""
     return scales.dtype in _KERNEL_SCALES and (group_size * bits // 8) % 16 == 0
+
+
+def eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -> bool:
+    """Whether the native kernel computes this product: float32 x, few rows, and the packed
+    weights' rule."""
+    return (kernel.fn is not None and x.dtype == mx.float32 and x.ndim >= 1
+            and 1 <= x.size // max(x.shape[-1], 1) <= kernel.max_rows
+            and _packed_eligible(scales, group_size, bits))
 
 
 def dequantize_eligible(kernel: NativeKernel, scales, group_size: int, bits: int) -> bool:
