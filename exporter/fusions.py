@@ -285,14 +285,19 @@ def _transposer(ep):
     return transpose
 
 
-def drop_dead_code(graph) -> None:
-    """Erase what nothing reads: dtype assertions (no value, but they count as users, which
-    would block every pattern and keep what they check alive), then every pure node whose
-    result reaches no output (the mask a model builds for attention code the adapter routed
-    to the op, GPT-Neo's: neither lowered nor refused for its ops)."""
+def drop_dtype_assertions(graph) -> None:
+    """Erase the dtype assertions: no value, but they count as users, which would block
+    every pattern and keep what they check alive."""
     for n in list(graph.nodes):
         if _is(n, aten._assert_tensor_metadata.default) and not n.users:
             graph.erase_node(n)
+
+
+def drop_dead_code(graph) -> None:
+    """Erase what nothing reads: dtype assertions (drop_dtype_assertions), then every pure
+    node whose result reaches no output (the mask a model builds for attention code the
+    adapter routed to the op, GPT-Neo's: neither lowered nor refused for its ops)."""
+    drop_dtype_assertions(graph)
     graph.eliminate_dead_code()
 
 
@@ -316,4 +321,5 @@ def run_fusions(ep) -> dict:
     return counts
 
 
-__all__ = ["run_fusions", "drop_dead_code", "fused_rms_norm", "fused_rope"]
+__all__ = ["run_fusions", "drop_dead_code", "drop_dtype_assertions", "fused_rms_norm",
+           "fused_rope"]

@@ -14,9 +14,10 @@ import torch
 from mlxgraph.exporter.adapter import AdapterError, DecoderAdapter
 from mlxgraph.exporter.builtins import BUILD_LOCK
 from mlxgraph.exporter.cache_probe import shared_cache_problem
+from mlxgraph.exporter.decompositions import decompose_to_core_aten
 from mlxgraph.exporter.errors import ExportError, TraceError, UnsupportedModelError
 from mlxgraph.exporter.finite_weights import nonfinite_weights
-from mlxgraph.exporter.fusions import drop_dead_code
+from mlxgraph.exporter.fusions import drop_dead_code, drop_dtype_assertions
 from mlxgraph.exporter.lowering_pass import UnsupportedOpsError, lower_program
 from mlxgraph.exporter.model_info import (
     DEFAULT_MAX_SEQ_LEN,
@@ -79,16 +80,20 @@ def trace(adapter, max_seq_len: int):
 
 
 def decompose(ep):
-    """``ep.run_decompositions()`` (to core ATen), without torch's noise about its own API.
+    """``ep`` decomposed to core ATen (exporter/decompositions.py), without torch's noise
+    about its own API. ``ep``'s dtype assertions are dropped first: decomposing them costs
+    time and they are dropped after anyway (fusions.drop_dead_code).
 
     Raises:
         TraceError: a decomposition failed (one line, as trace's).
     """
+    drop_dtype_assertions(ep.graph)
+    ep.graph_module.recompile()
     with warnings.catch_warnings():
         # torch's own pytree code warns about its own deprecated API while decomposing.
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         try:
-            return ep.run_decompositions()
+            return decompose_to_core_aten(ep)
         except Exception as e:
             raise TraceError(f"run_decompositions failed: {torch_reason(e)}") from e
 

@@ -112,6 +112,7 @@ def hf_folder(tmp_path_factory):
 # Modules sharing a run-wide export (tests/run_cache.py) are spread apart, so one worker
 # rarely waits for the other to finish building it.
 LONGEST_FIRST = (
+    "test_export_decompositions.py",
     "test_export_breadth.py",
     "test_export_checks.py",
     "test_export_reproducible.py",
