@@ -3,10 +3,10 @@
 Every tiny model the export tests build (built-ins, the random configs, issue 31's
 architectures, mixture-of-experts, latent attention, ALiBi, state-space families) is
 exported twice: as the exporter does, and with the plain ``ep.run_decompositions()`` it
-replaced. Where every linear was kept whole the files must agree in everything but fx's
-node names (nodes, their fields and wiring, provenance's module paths and targets, tensor
-dtypes and shapes, constants' names and bytes, metadata); where any was not, byte for
-byte.
+replaced. Where every linear and SiLU was kept whole the files must agree in everything
+but fx's node names (nodes, their fields and wiring, provenance's module paths and
+targets, tensor dtypes and shapes, constants' names and bytes, metadata); where any was
+not, byte for byte.
 """
 
 import warnings
@@ -73,8 +73,8 @@ def _without_names(path) -> dict:
 @pytest.mark.parametrize("case", list(MODELS))
 def test_same_graph_as_the_default_table(case, tmp_path, monkeypatch):
     kept = []
-    check = decompositions.linears_kept_whole
-    monkeypatch.setattr(decompositions, "linears_kept_whole",
+    check = decompositions.ops_kept_whole
+    monkeypatch.setattr(decompositions, "ops_kept_whole",
                         lambda ep: kept.append(check(ep)) or kept[-1])
     _export(case, tmp_path / "kept.mlxg")
     monkeypatch.setattr(pipeline, "decompose", _default_table)
@@ -87,11 +87,11 @@ def test_same_graph_as_the_default_table(case, tmp_path, monkeypatch):
 
 
 def test_a_llama_keeps_its_linears(tmp_path, monkeypatch):
-    """The case the module is for: tiny-llama's linears all stay whole (the test above
-    would pass vacuously if none ever did)."""
+    """The case the module is for: tiny-llama's linears and SiLUs all stay whole (the test
+    above would pass vacuously if none ever did)."""
     kept = []
-    check = decompositions.linears_kept_whole
-    monkeypatch.setattr(decompositions, "linears_kept_whole",
+    check = decompositions.ops_kept_whole
+    monkeypatch.setattr(decompositions, "ops_kept_whole",
                         lambda ep: kept.append(check(ep)) or kept[-1])
     export("tiny-llama", tmp_path / "m.mlxg", max_seq_len=MAX_T)
     assert kept == [True, True]
@@ -102,14 +102,14 @@ def test_a_linear_that_fails_after_decomposing_goes_back_to_the_default_table(tm
     """A program let through the first check (here: forced) whose decomposed linears fail
     the second is decomposed again with the default table, from the untouched program."""
     case = "moe-qwen3_moe"  # its router is a linear of a 2-D input: never kept
-    check = decompositions.linears_kept_whole
+    check = decompositions.ops_kept_whole
     calls = []
 
     def first_passes(ep):
         calls.append(ep)
         return len(calls) == 1 or check(ep)
 
-    monkeypatch.setattr(decompositions, "linears_kept_whole", first_passes)
+    monkeypatch.setattr(decompositions, "ops_kept_whole", first_passes)
     _export(case, tmp_path / "again.mlxg")
     assert len(calls) == 2 and not check(calls[1])
     monkeypatch.setattr(pipeline, "decompose", _default_table)
