@@ -26,6 +26,7 @@
 #include "cpu_eval.h"
 #include "dequantize.h"
 #include "half_matvec.h"
+#include "int8_kernel.h"
 #include "matvec_common.h"
 #include "quantized_kernel.h"
 #include "quantized_tile.h"
@@ -95,6 +96,27 @@ class QuantizedMatvec : public PackedWeightPrimitive {
   }
 
   const char* name() const override { return "MlxgraphQuantizedMatvec"; }
+};
+
+// The same product with x rounded to int8 per block of 32 (int8_kernel.h), any rows.
+class QuantizedInt8Product : public PackedWeightPrimitive {
+ public:
+  using PackedWeightPrimitive::PackedWeightPrimitive;
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const auto& x = inputs[0];
+    const auto& w = inputs[1];
+    const auto& scales = inputs[2];
+    const auto& biases = inputs[3];
+    auto& out = outputs[0];
+    auto& encoder = mlxgraph_eval::begin_eval(stream(), inputs, out);
+    Int8Problem p{x.data<float>(), w.data<uint8_t>(), scales.data<void>(), biases.data<void>(),
+                  out.data<float>(), (int)(x.size() / x.shape(-1)), (int)w.shape(0),
+                  (int)x.shape(-1), bits_, group_size_, scales.dtype() == mx::float16};
+    encoder.dispatch([p]() mutable { int8_product(p); });
+  }
+
+  const char* name() const override { return "MlxgraphQuantizedInt8Product"; }
 };
 
 // The float32 weight of a packed one (dequantize.h), for prefill-sized steps.
@@ -205,6 +227,25 @@ mx::array quantized_matvec(const mx::array& x_in, const mx::array& w, const mx::
                    {x_in, row_major(w, s), row_major(scales, s), row_major(biases, s)});
 }
 
+// x @ dequantize(w).T with x rounded to int8 per block of 32: float32 x of any rows whose
+// length is a whole number of 64-byte chunks of codes, group sizes of whole x blocks.
+mx::array quantized_int8(const mx::array& x_in, const mx::array& w, const mx::array& scales,
+                         const mx::array& biases, int group_size, int bits) {
+  if (x_in.dtype() != mx::float32 || x_in.ndim() < 1)
+    throw std::invalid_argument("quantized_int8: float32 x");
+  const int k = x_in.shape(-1);
+  check_packed("quantized_int8", w, scales, biases, k, group_size, bits);
+  if (k == 0 || k % weights_per_chunk(bits) != 0 || group_size % XBLOCK != 0)
+    throw std::invalid_argument("quantized_int8: K a multiple of 64 (8 bits) or 128 (4 bits), "
+                                "a group size of whole 32-value blocks");
+  auto s = mx::default_stream(mx::Device::cpu);
+  auto shape = x_in.shape();
+  shape.back() = w.shape(0);
+  return mx::array(shape, mx::float32, std::make_shared<QuantizedInt8Product>(s, group_size, bits),
+                   {row_major(x_in, s), row_major(w, s), row_major(scales, s),
+                    row_major(biases, s)});
+}
+
 }  // namespace
 
 NB_MODULE(_quantized_matvec, m) {
@@ -212,6 +253,20 @@ NB_MODULE(_quantized_matvec, m) {
   m.def("quantized_matvec", &quantized_matvec, nb::arg("x"), nb::arg("w"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
         "x @ dequantize(w).T for float32 x of at most 8 rows (lazy MLX array).");
+  m.def("quantized_int8", &quantized_int8, nb::arg("x"), nb::arg("w"), nb::arg("scales"),
+        nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
+        "x @ dequantize(w).T with x rounded to int8 per 32 values (lazy MLX array).");
+  m.def("int8_levels", [] {
+    std::vector<std::string> names;
+    for (const auto& level : int8_levels()) names.push_back(level.name);
+    return names;
+  }, "The int8 kernel's instruction-set levels this CPU runs, best (the default) first.");
+  m.def("set_int8_level", [](const std::string& name) {
+    for (size_t i = 0; i < int8_levels().size(); ++i)
+      if (name == int8_levels()[i].name) return g_int8_level.store((int)i);
+    throw std::invalid_argument("set_int8_level: not a level this CPU runs: " + name);
+  }, nb::arg("name"), "Run the int8 kernel's code for ``name`` (tests, benchmarks).");
+  m.def("int8_level", [] { return std::string(int8_levels()[g_int8_level.load()].name); });
   m.def("dequantize", &quantized_dequantize, nb::arg("w"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
         "The float32 [N, K] weight of a packed one, scale * code + bias (lazy MLX array).");

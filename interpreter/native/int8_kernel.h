@@ -1,0 +1,394 @@
+// mlxgraph's quantized product with int8 activations (an opt-in: Program.load's
+// int8_activations; docs/precision.md states its rounding), as llama.cpp multiplies its
+// q8_0/q4_0 weights:
+//
+//   y[m, n] = sum_c sum_lanes float(dot_i32(codes, xq)) * d_x[lane] * scale_w[n, group]
+//             + sum_g bias_w[n, g] * xsum[m, g]
+//
+// Each row of x is rounded to int8 once per product, per block of 32 values (scale d =
+// max|x| / 127, q = rint(x / d), as llama.cpp's q8_0 activations); W's codes are used as
+// they are (unsigned 0..255 or 0..15), so the weight side stays exact, and the bias term
+// keeps the float32 per-group sums of x. The integer dot products are exact (int32, at most
+// 4 x 255 x 127 per lane per step), so the only rounding beyond float32 is x's.
+//
+// Why: the exact kernel (quantized_kernel.h) widens every code to a float and spends ~3
+// vector instructions per 16 weights, which keeps it below the memory bandwidth (~10 GB/s of
+// weights per thread on an EPYC); one AVX-512 VNNI instruction multiplies and sums 64 codes.
+//
+// Layout: a step of the kernel reads 64 bytes of a row of W (a "chunk": 64 weights at 8 bits,
+// 128 at 4) and gives 16 int32 lanes, lane j the sum over bytes 4j..4j+3. At 4 bits a byte
+// holds an even weight (low nibble) and the next, odd one: x is stored per chunk as its 64
+// even values then its 64 odd ones, so the low nibbles meet the first and the high nibbles
+// the second. prepare_int8_x writes, per row of x and chunk, the int8 values and each lane's
+// x scale.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "quantized_kernel.h"
+
+namespace mlxgraph_native {
+
+constexpr int CHUNK = 64;   // bytes of codes per step
+constexpr int XBLOCK = 32;  // x values per int8 scale
+constexpr int LANES16 = 16;
+
+struct Int8Problem {
+  const float* x;        // [M][K], contiguous
+  const uint8_t* w;      // [N][K * bits / 8]
+  const void* scales;    // [N][G], float32 or float16 (half_scales)
+  const void* biases;
+  float* y;              // [M][N]
+  int m, n, k, bits, group_size;
+  bool half_scales;
+  int chunks = 0;                // per row of W: K * bits / 8 / CHUNK (K a whole number of them)
+  const int8_t* xq = nullptr;    // [M][chunks][weights per chunk]
+  const float* xd = nullptr;     // [M][chunks][16]: each lane's x scale
+  const float* xsum = nullptr;   // [M][G]: per-group float32 sums of x
+};
+
+// Weights per chunk at ``bits``; the rows of K this kernel takes are whole chunks.
+constexpr int weights_per_chunk(int bits) { return CHUNK * 8 / bits; }
+
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+// Integer parts per instruction set; the float parts are the exact kernel's (quantized_kernel.h).
+struct GenericInt8Ops : GenericOps {
+  using I = v16i;
+  template <int BITS>
+  static I dot(const uint8_t* c, const int8_t* xq) {
+    I out;
+    for (int j = 0; j < LANES16; ++j) {
+      int32_t t = 0;
+      for (int i = 4 * j; i < 4 * j + 4; ++i) {
+        if constexpr (BITS == 8) {
+          t += (int32_t)c[i] * xq[i];
+        } else {
+          t += (int32_t)(c[i] & 15) * xq[i] + (int32_t)(c[i] >> 4) * xq[64 + i];
+        }
+      }
+      out[j] = t;
+    }
+    return out;
+  }
+  static F cvt(I v) { return __builtin_convertvector(v, F); }
+  static F mul(F a, F b) { return a * b; }
+  static F set1(float s) { return F{} + s; }
+  // Lane j: s[j / lanes_per_group] (a chunk spanning 16 / lanes_per_group groups).
+  static F groups(const float* s, int lanes_per_group) {
+    F out;
+    for (int j = 0; j < LANES16; ++j) out[j] = s[j / lanes_per_group];
+    return out;
+  }
+};
+
+#if defined(__x86_64__)
+#define MLXG_AVX512_VNNI __attribute__((target("arch=x86-64-v4,avx512vnni")))
+
+struct Avx512VnniOps : Avx512Ops {
+  using I = __m512i;
+  template <int BITS>
+  MLXG_AVX512_VNNI static I dot(const uint8_t* c, const int8_t* xq) {
+    const __m512i codes = _mm512_loadu_si512(c);
+    if constexpr (BITS == 8) {
+      return _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(xq));
+    } else {
+      const __m512i nib = _mm512_set1_epi8(15);
+      const __m512i lo = _mm512_and_si512(codes, nib);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nib);
+      const __m512i even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq));
+      return _mm512_dpbusd_epi32(even, hi, _mm512_loadu_si512(xq + 64));
+    }
+  }
+  MLXG_AVX512_VNNI static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  MLXG_AVX512_VNNI static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  MLXG_AVX512_VNNI static F set1(float s) { return _mm512_set1_ps(s); }
+  MLXG_AVX512_VNNI static F groups(const float* s, int lanes_per_group) {
+    const int shift = lanes_per_group == 8 ? 3 : 2;   // 8 or 4 lanes per group
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __mmask16 have = (__mmask16)((1u << (LANES16 >> shift)) - 1);
+    return _mm512_permutexvar_ps(_mm512_srli_epi32(lane, shift), _mm512_maskz_loadu_ps(have, s));
+  }
+};
+
+// AVX2 has no unsigned-by-signed int32 dot product; _mm256_maddubs_epi16 multiplies unsigned
+// by signed bytes into saturating int16 pairs. At 4 bits a pair is at most 2 x 15 x 127: no
+// saturation. At 8 bits 2 x 255 x 127 would saturate, so a code goes in as its two nibbles,
+// c = 16 h + l, each pair at most 2 x 15 x 127, and the high one's pairs count 16 times: the
+// same exact sum.
+struct Avx2Int8Ops : Avx2Ops {
+  struct I {
+    __m256i a, b;
+  };
+  template <int BITS>
+  MLXG_AVX2 static __m256i half(const uint8_t* c, const int8_t* xq, int h) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i nib = _mm256_set1_epi8(15);
+    const __m256i codes = _mm256_loadu_si256((const __m256i*)(c + 32 * h));
+    const __m256i lo = _mm256_and_si256(codes, nib);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), nib);
+    if constexpr (BITS == 8) {
+      const __m256i q = _mm256_loadu_si256((const __m256i*)(xq + 32 * h));
+      return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, q), ones),
+                              _mm256_madd_epi16(_mm256_maddubs_epi16(hi, q),
+                                                _mm256_set1_epi16(16)));
+    } else {
+      const __m256i even = _mm256_loadu_si256((const __m256i*)(xq + 32 * h));
+      const __m256i odd = _mm256_loadu_si256((const __m256i*)(xq + 64 + 32 * h));
+      const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, even),
+                                             _mm256_maddubs_epi16(hi, odd));
+      return _mm256_madd_epi16(pairs, ones);
+    }
+  }
+  template <int BITS>
+  MLXG_AVX2 static I dot(const uint8_t* c, const int8_t* xq) {
+    return {half<BITS>(c, xq, 0), half<BITS>(c, xq, 1)};
+  }
+  MLXG_AVX2 static F cvt(I v) { return {_mm256_cvtepi32_ps(v.a), _mm256_cvtepi32_ps(v.b)}; }
+  MLXG_AVX2 static F mul(F x, F y) { return {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
+  MLXG_AVX2 static F set1(float s) { return {_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
+  MLXG_AVX2 static F groups(const float* s, int lanes_per_group) {
+    if (lanes_per_group == 8) return {_mm256_set1_ps(s[0]), _mm256_set1_ps(s[1])};
+    return {_mm256_set_m128(_mm_set1_ps(s[1]), _mm_set1_ps(s[0])),
+            _mm256_set_m128(_mm_set1_ps(s[3]), _mm_set1_ps(s[2]))};
+  }
+};
+#endif
+
+// Rows [r0, r0 + R) of W against rows [m0, m0 + MB) of x. SPLIT: a chunk spans several
+// groups (group size below the chunk's weights), so each lane takes its own group's scale.
+template <class S, int BITS, bool SPLIT, int R, int MB>
+inline void int8_tile(const Int8Problem& p, int r0, int m0, const float* s, const float* b,
+                      size_t stride) {
+  using F = typename S::F;
+  constexpr int WPC = weights_per_chunk(BITS);
+  const int groups = p.k / p.group_size;
+  const int lanes_per_group = SPLIT ? LANES16 * p.group_size / WPC : 0;
+  const size_t row_bytes = (size_t)p.k * BITS / 8;
+  const uint8_t* w = p.w + (size_t)r0 * row_bytes;
+  F acc[R][MB];
+#pragma GCC unroll 16
+  for (int i = 0; i < R * MB; ++i) acc[i / MB][i % MB] = S::zero();
+  for (int c = 0; c < p.chunks; ++c) {
+    const int g = c * WPC / p.group_size;   // the chunk's first group
+    F sv[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      sv[r] = SPLIT ? S::groups(s + r * stride + g, lanes_per_group) : S::set1(s[r * stride + g]);
+      // a cache line per chunk: the same place of the row a tile below (quantized_kernel.h)
+      __builtin_prefetch(w + (r + TILE) * row_bytes + (size_t)c * CHUNK);
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < MB; ++m) {
+      const size_t at = (size_t)(m0 + m) * p.chunks + c;
+      const int8_t* xq = p.xq + at * WPC;
+      const F d = S::load(p.xd + at * LANES16);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const F dots = S::cvt(S::template dot<BITS>(w + r * row_bytes + (size_t)c * CHUNK, xq));
+        acc[r][m] = S::fma(dots, S::mul(d, sv[r]), acc[r][m]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const float* br = b + r * stride;
+    for (int m = 0; m < MB; ++m) {
+      const float* xsum = p.xsum + (size_t)(m0 + m) * groups;
+      int gi = 0;
+      for (; gi + 16 <= groups; gi += 16)
+        acc[r][m] = S::fma(S::load(br + gi), S::load(xsum + gi), acc[r][m]);
+      float total = S::sum(acc[r][m]);
+      for (; gi < groups; ++gi) total += br[gi] * xsum[gi];
+      p.y[(size_t)(m0 + m) * p.n + r0 + r] = total;
+    }
+  }
+}
+
+// Rows [r0, r0 + R) of W against every row of x, blocks of up to 4 rows of x.
+template <class S, int BITS, bool SPLIT, int R>
+inline void int8_tile_rows(const Int8Problem& p, int r0, const float* s, const float* b,
+                           size_t stride) {
+  int m0 = 0;
+  for (; m0 + 4 <= p.m; m0 += 4)
+    for (int r = 0; r < R; ++r)
+      int8_tile<S, BITS, SPLIT, 1, 4>(p, r0 + r, m0, s + r * stride, b + r * stride, stride);
+  const int left = p.m - m0;
+  if (left == 1) {
+    int8_tile<S, BITS, SPLIT, R, 1>(p, r0, m0, s, b, stride);
+  } else {
+    for (int r = 0; r < R && left > 0; ++r) {
+      const float *sr = s + r * stride, *br = b + r * stride;
+      if (left == 2) int8_tile<S, BITS, SPLIT, 1, 2>(p, r0 + r, m0, sr, br, stride);
+      else int8_tile<S, BITS, SPLIT, 1, 3>(p, r0 + r, m0, sr, br, stride);
+    }
+  }
+}
+
+// Rows [lo, hi) of W (lo a multiple of TILE); float16 scales and biases widened per tile.
+template <class S, int BITS, bool SPLIT, bool HALF_SCALES>
+inline void int8_rows(const Int8Problem& p, int lo, int hi) {
+  const size_t groups = p.k / p.group_size;
+  thread_local std::vector<float> wide;
+  if (HALF_SCALES && wide.size() < 2 * TILE * groups) wide.resize(2 * TILE * groups);
+  for (int r0 = lo; r0 < hi; r0 += TILE) {
+    const int rows = std::min(TILE, hi - r0);
+    const float *s, *b;
+    if constexpr (HALF_SCALES) {
+      const size_t at = r0 * groups, count = rows * groups;
+      S::widen_half(static_cast<const uint16_t*>(p.scales) + at, wide.data(), count);
+      S::widen_half(static_cast<const uint16_t*>(p.biases) + at, wide.data() + count, count);
+      s = wide.data(), b = wide.data() + count;
+    } else {
+      s = static_cast<const float*>(p.scales) + r0 * groups;
+      b = static_cast<const float*>(p.biases) + r0 * groups;
+    }
+    if (rows == TILE) {
+      int8_tile_rows<S, BITS, SPLIT, TILE>(p, r0, s, b, groups);
+    } else {
+      for (int r = 0; r < rows; ++r)
+        int8_tile_rows<S, BITS, SPLIT, 1>(p, r0 + r, s + r * groups, b + r * groups, groups);
+    }
+  }
+}
+
+template <class S, int BITS, bool SPLIT>
+inline void int8_rows_for_scales(const Int8Problem& p, int lo, int hi) {
+  if (p.half_scales) int8_rows<S, BITS, SPLIT, true>(p, lo, hi);
+  else int8_rows<S, BITS, SPLIT, false>(p, lo, hi);
+}
+
+// Every (bits, group span, scale dtype) variant for one instruction set.
+template <class S>
+inline void int8_rows_for(const Int8Problem& p, int lo, int hi) {
+  const bool split = p.group_size < weights_per_chunk(p.bits);
+  if (p.bits == 4) {
+    if (split) int8_rows_for_scales<S, 4, true>(p, lo, hi);
+    else int8_rows_for_scales<S, 4, false>(p, lo, hi);
+  } else {
+    if (split) int8_rows_for_scales<S, 8, true>(p, lo, hi);
+    else int8_rows_for_scales<S, 8, false>(p, lo, hi);
+  }
+}
+
+using Int8RowsFn = void (*)(const Int8Problem&, int, int);
+
+__attribute__((flatten)) inline void int8_rows_generic(const Int8Problem& p, int lo, int hi) {
+  int8_rows_for<GenericInt8Ops>(p, lo, hi);
+}
+#if defined(__x86_64__)
+__attribute__((flatten)) MLXG_AVX512_VNNI inline void int8_rows_vnni(const Int8Problem& p,
+                                                                    int lo, int hi) {
+  int8_rows_for<Avx512VnniOps>(p, lo, hi);
+}
+__attribute__((flatten)) MLXG_AVX2 inline void int8_rows_avx2(const Int8Problem& p, int lo,
+                                                              int hi) {
+  int8_rows_for<Avx2Int8Ops>(p, lo, hi);
+}
+#endif
+
+struct Int8Level {
+  const char* name;
+  Int8RowsFn rows;
+};
+
+// The levels this CPU runs, best first (tests and benchmarks may pick a lower one).
+inline const std::vector<Int8Level>& int8_levels() {
+  static const std::vector<Int8Level> all = [] {
+    std::vector<Int8Level> out;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512vnni"))
+      out.push_back({"avx512-vnni", int8_rows_vnni});
+    if (__builtin_cpu_supports("x86-64-v3")) out.push_back({"avx2", int8_rows_avx2});
+#endif
+    out.push_back({"generic", int8_rows_generic});
+    return out;
+  }();
+  return all;
+}
+
+inline std::atomic<int> g_int8_level{0};  // index into int8_levels()
+
+// Whether a row of x holds only finite values (a row that does not goes to the exact kernel:
+// int8 scales cannot carry an infinity or a NaN).
+inline bool finite_row(const float* x, int k) {
+  for (int i = 0; i < k; ++i)
+    if (!std::isfinite(x[i])) return false;
+  return true;
+}
+
+// x rounded to int8 per block of 32, laid out as the chunks meet it; the per-group sums.
+inline void prepare_int8_x(Int8Problem& p, std::vector<int8_t>& xq, std::vector<float>& xd,
+                           std::vector<float>& xsum) {
+  const int wpc = weights_per_chunk(p.bits), wpl = wpc / LANES16;
+  const int groups = p.k / p.group_size;
+  p.chunks = p.k / wpc;
+  xq.resize((size_t)p.m * p.k);
+  xd.resize((size_t)p.m * p.chunks * LANES16);
+  xsum.resize((size_t)p.m * groups);
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> d;
+  q.resize(p.k);
+  d.resize(p.k / XBLOCK);
+  for (int m = 0; m < p.m; ++m) {
+    const float* xm = p.x + (size_t)m * p.k;
+    for (int g = 0; g < groups; ++g) {
+      float total = 0;
+      for (int t = 0; t < p.group_size; ++t) total += xm[g * p.group_size + t];
+      xsum[(size_t)m * groups + g] = total;
+    }
+    for (int blk = 0; blk < p.k / XBLOCK; ++blk) {
+      const float* xb = xm + blk * XBLOCK;
+      float amax = 0;
+      for (int i = 0; i < XBLOCK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      const float scale = amax / 127.0f;
+      d[blk] = scale;
+      for (int i = 0; i < XBLOCK; ++i) {
+        const float v = scale > 0 ? std::nearbyint(xb[i] / scale) : 0.0f;
+        q[blk * XBLOCK + i] = (int8_t)std::clamp(v, -127.0f, 127.0f);
+      }
+    }
+    for (int c = 0; c < p.chunks; ++c) {
+      int8_t* out = xq.data() + ((size_t)m * p.chunks + c) * wpc;
+      const int8_t* in = q.data() + (size_t)c * wpc;
+      if (p.bits == 8) {
+        std::memcpy(out, in, wpc);
+      } else {
+        for (int i = 0; i < wpc / 2; ++i) {
+          out[i] = in[2 * i];
+          out[wpc / 2 + i] = in[2 * i + 1];
+        }
+      }
+      const size_t lanes = ((size_t)m * p.chunks + c) * LANES16;
+      for (int j = 0; j < LANES16; ++j) xd[lanes + j] = d[(c * wpc + j * wpl) / XBLOCK];
+    }
+  }
+  p.xq = xq.data();
+  p.xd = xd.data();
+  p.xsum = xsum.data();
+}
+
+// The whole product: x prepared, the rows of W over the pool; a row of x with a non-finite
+// value is computed again by the exact kernel (its infinities and NaNs as the float
+// arithmetic gives them).
+inline void int8_product(Int8Problem& p) {
+  if (p.m == 0 || p.n == 0) return;
+  const Int8RowsFn rows = int8_levels()[g_int8_level.load()].rows;
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xd, xsum;
+  prepare_int8_x(p, xq, xd, xsum);
+  const Int8Problem& q = p;
+  parallel_rows(p.n, (long)p.n * p.k, [&q, rows](int lo, int hi) { rows(q, lo, hi); }, TILE);
+  for (int m = 0; m < p.m; ++m) {
+    const float* xm = p.x + (size_t)m * p.k;
+    if (finite_row(xm, p.k)) continue;
+    QuantizedProblem exact{xm, p.w, p.scales, p.biases, p.y + (size_t)m * p.n, 1, p.n, p.k,
+                           p.bits, p.group_size, p.half_scales};
+    quantized_product(exact);
+  }
+}
+
+}  // namespace mlxgraph_native
