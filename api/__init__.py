@@ -63,6 +63,7 @@ def load(
     compute_dtype: str | None = None,
     pipeline: _Any = None,
     pipeline_timeout: float | None = None,
+    int8_activations: bool = False,
 ) -> "Program":
     """Load and verify a graph file; return an immutable :class:`Program`.
 
@@ -80,6 +81,9 @@ def load(
         pipeline: ``True`` under ``mlx.launch`` (or an ``mx.distributed.Group``): load only
             this rank's stage of a pipeline by layer ranges (docs/pipeline.md).
         pipeline_timeout: seconds one rank waits for another before ending the run (300).
+        int8_activations: ``True`` rounds x to int8 per 32 values in the products of a q8/q4
+            graph, as llama.cpp does (faster on CPUs with AVX-512 VNNI; its loss is measured
+            in docs/precision.md); ``False`` (default) computes them exactly.
     Raises:
         mlxgraph.GraphFormatError: the file is not a valid graph file, could cost more than
             the limit per step, or uses an op this version cannot run.
@@ -88,7 +92,9 @@ def load(
         mlxgraph.KnobError: another ``MLXGRAPH_*`` knob holds a value it does not take
             (docs/knobs.md).
         mlxgraph.PipelineError: the pipeline's ranks cannot connect.
-        ValueError: an unsupported ``compute_dtype``, ``pipeline`` or timeout.
+        ValueError: an unsupported ``compute_dtype``, ``pipeline`` or timeout, or
+            ``int8_activations`` where it cannot apply (a graph without q8/q4 weights, the
+            GPU, no native kernel).
     """
     from mlxgraph.interpreter.native.blas import ensure_preloaded
 
@@ -96,7 +102,8 @@ def load(
     from mlxgraph.interpreter.program import Program
 
     return Program.load(path, element_limit=element_limit, compute_dtype=compute_dtype,
-                        pipeline=pipeline, pipeline_timeout=pipeline_timeout)
+                        pipeline=pipeline, pipeline_timeout=pipeline_timeout,
+                        int8_activations=int8_activations)
 
 
 def _preload_before_mlx() -> None:

@@ -1,5 +1,5 @@
-"""The options of Program.load that choose how a graph runs: its compute dtype and its
-device plan."""
+"""The options of Program.load that choose how a graph runs: its compute dtype, its
+device plan and int8 activations."""
 
 import mlx.core as mx
 
@@ -33,3 +33,26 @@ def check_device_plan(device_plan) -> str:
     if device_plan not in DEVICE_PLANS:
         raise ValueError(f"device_plan {device_plan!r}: one of {', '.join(DEVICE_PLANS)}")
     return device_plan
+
+
+def check_int8_activations(int8_activations, plan: str) -> str | None:
+    """The kernel variant ``int8_activations`` asks for ("int8"), or None when False.
+
+    Raises:
+        ValueError: not a bool, asked for on the GPU plan, or the native int8 kernel is not
+            built (each in one line: the option would otherwise be ignored).
+    """
+    if not isinstance(int8_activations, bool):
+        raise ValueError(f"int8_activations {int8_activations!r}: True or False")
+    if not int8_activations:
+        return None
+    if plan != "cpu":
+        raise ValueError("int8_activations: the int8 kernel runs on the CPU only (this "
+                         f"program's plan is {plan!r})")
+    from mlxgraph.interpreter.native.quantized import native_kernel
+
+    kernel = native_kernel()
+    if kernel.int8_fn is None:
+        raise ValueError("int8_activations: the native quantized kernel is not in use "
+                         f"({kernel.reason})")
+    return "int8"

@@ -44,9 +44,11 @@ def _operand_read(op) -> tuple:
     return (kind, op.index) if kind is not None else (FieldKind.ATTR, op.python_value())
 
 
-def resolve_node(index, record, tensor_dtypes, path, widen=False, device=None) -> ResolvedNode:
+def resolve_node(index, record, tensor_dtypes, path, widen=False, device=None,
+                 variant=None) -> ResolvedNode:
     """Resolve node ``index`` (its NodeRecord) against the kernel registry, taking the op's
-    variant for the ``device`` plan ("cpu" or "gpu") where it has one.
+    ``variant`` (a load option's, kernels/__init__.py) or else its variant for the
+    ``device`` plan ("cpu" or "gpu") where it has one.
 
     The kernel will receive the op's inputs and attributes by field name, never its
     output fields: where the outputs go is the session's business.
@@ -55,7 +57,7 @@ def resolve_node(index, record, tensor_dtypes, path, widen=False, device=None) -
         GraphFormatError: the op has no kernel in this version.
     """
     spec = op_spec(record.op)
-    kernel = get_kernel(spec.name, device)
+    kernel = get_kernel(spec.name, device, variant)
     if kernel is None:
         raise GraphFormatError(
             f"op {spec.short_name} has no kernel in this mlxgraph", path, index, "op"

@@ -15,11 +15,13 @@ from typing import Any
 import mlx.core as mx
 
 from mlxgraph.interpreter.errors import GraphRuntimeError
+from mlxgraph.interpreter.kernels import variant_ops
 from mlxgraph.interpreter.expert_products import mark_expert_products
 from mlxgraph.interpreter.load_options import (
     COMPUTE_DTYPES,
     check_compute_dtype,
     check_device_plan,
+    check_int8_activations,
 )
 from mlxgraph.interpreter.mlx_dtypes import HALF_DTYPES, dtype_name, to_mx_dtype, widened
 from mlxgraph.interpreter.node_plan import ResolvedNode, resolve_node
@@ -28,7 +30,7 @@ from mlxgraph.interpreter.session.session import Session
 from mlxgraph.schema.errors import GraphFormatError
 from mlxgraph.schema.op_catalogue import Trait, entry
 from mlxgraph.schema.reader import open_graph
-from mlxgraph.schema.spec import FieldKind
+from mlxgraph.schema.spec import FieldKind, op_spec
 
 
 class Program:
@@ -36,7 +38,7 @@ class Program:
 
     def __init__(self, graph: Any, constants: dict, nodes: list, layers: dict,
                  tensor_dtypes: list, widened_from: tuple = (), stage: Any = None,
-                 link: Any = None, device_plan: str = "cpu"):
+                 link: Any = None, device_plan: str = "cpu", variant: str | None = None):
         # Symbol values whose step already had every output checked against the verifier's
         # bounds (shapes follow from them): shared by the sessions, only ever grows.
         self.checked_shapes = set()
@@ -63,6 +65,7 @@ class Program:
         self.inputs = graph.inputs
         self.outputs = graph.outputs
         self.device_plan = device_plan      # "cpu" or "gpu": the kernels' variants chosen
+        self.int8_activations = variant == "int8"   # quantized products round x to int8
         self.stage = stage                  # this rank's StagePlan in a pipeline, else None
         self.link = link                    # its PipelineLink (interpreter/pipeline/link.py)
         # The node computing the output row by row (the LM head), or None (node_runner.py).
@@ -72,7 +75,7 @@ class Program:
 
     @classmethod
     def load(cls, path, element_limit=None, compute_dtype=None, pipeline=None,
-             pipeline_timeout=None, device_plan=None) -> "Program":
+             pipeline_timeout=None, device_plan=None, int8_activations=False) -> "Program":
         """Verify and load a graph file.
 
         Args:
@@ -91,22 +94,32 @@ class Program:
             device_plan: "cpu" or "gpu": which kernel variants the nodes take
                 (kernels/__init__.py); None chooses by MLX's default device. Forcing "gpu"
                 on a CPU runs the GPU plan there (the tests check it against the CPU's).
+            int8_activations: True rounds x to int8 per 32 values in every float32 product
+                with a q8/q4 weight the int8 kernel takes (as llama.cpp's q8_0 activations:
+                faster on CPUs with VNNI; docs/precision.md measures its loss); False
+                (default) computes them exactly.
         Raises:
             GraphFormatError: invalid file, a step that could cost more than the limit, an
                 op this version cannot run, or a graph that cannot be cut into that many
                 stages.
             PipelineError: the pipeline's ranks cannot connect.
-            ValueError: an unsupported compute_dtype, pipeline or pipeline_timeout.
+            ValueError: an unsupported compute_dtype, pipeline or pipeline_timeout, or
+                int8_activations where the int8 kernel cannot run.
         """
         widen = check_compute_dtype(compute_dtype)
         plan = check_device_plan(device_plan)
+        variant = check_int8_activations(int8_activations, plan)
         graph = open_graph(path, element_limit=element_limit)
         stored = [to_mx_dtype(t.dtype) if t.dtype else None for t in graph.tensors]
         tensor_dtypes = [widened(d, widen) for d in stored]
         constants, stage, link = {}, None, None
         try:
-            nodes = [resolve_node(i, r, tensor_dtypes, graph.path, widen, plan)
+            nodes = [resolve_node(i, r, tensor_dtypes, graph.path, widen, plan, variant)
                      for i, r in enumerate(graph.nodes)]
+            if variant and not any(op_spec(r.op).name in variant_ops(variant)
+                                   for r in graph.nodes):
+                raise ValueError(f"int8_activations: {graph.path} has no product with a q8 or "
+                                 "q4 weight (export --quantize q8|q4)")
             if pipeline is not None:
                 from mlxgraph.interpreter.pipeline.link import connect
                 from mlxgraph.interpreter.pipeline.plan import plan_stages
@@ -134,7 +147,7 @@ class Program:
         layers = _layer_geometry(graph, nodes)
         widened_from = tuple(sorted({dtype_name(d) for d in stored if widen and d in HALF_DTYPES}))
         return cls(graph, constants, nodes, layers, tensor_dtypes, widened_from, stage, link,
-                   plan)
+                   plan, variant)
 
     @property
     def float_dtypes(self) -> tuple:
@@ -150,13 +163,15 @@ class Program:
     def fingerprint(self) -> str:
         """SHA-256 of the graph's FlatBuffer part: its structure, attributes, metadata and
         every constant's content hash (not the constants' bytes, not the path), and whether
-        it was widened at load (compute_dtype)."""
+        it was widened at load (compute_dtype) or takes int8 activations."""
         data = self.graph.data
         end = min((c.offset for c in self.graph.constants), default=len(data))
         digest = hashlib.sha256(memoryview(data)[:end])
         if self.widened_from:
             # Widened at load, the same file computes other K/V: its caches are not interchangeable.
             digest.update(b"\0compute_dtype=float32")
+        if self.int8_activations:  # other products, other K/V
+            digest.update(b"\0int8_activations")
         return digest.hexdigest()
 
     def restore(self, path: str | PathLike) -> Session:

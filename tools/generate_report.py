@@ -35,7 +35,7 @@ def quantized_stats(program) -> dict | None:
         return None
     from mlxgraph.interpreter.native.quantized import native_kernel
 
-    return native_kernel().as_dict()
+    return native_kernel().as_dict(int8=program.int8_activations)
 
 
 def half_matvec_stats(program) -> dict | None:

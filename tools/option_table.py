@@ -121,6 +121,9 @@ OPTIONS = (
            argparse={"type": positive_int, "metavar": "N"}),
     Option(("--compute-dtype",), "widen float16/bfloat16 at load",
            argparse={"choices": ("float32",)}),
+    Option(("--int8-activations",), "round activations to int8 in q8/q4 products, as "
+           "llama.cpp does (faster with AVX-512 VNNI; default: exact float32; "
+           "docs/precision.md)", argparse={"action": "store_true"}),
     Option(("--element-limit",), "the most elements a tensor of a step may have (default: the "
            "file's own bound; export names the value a large model needs)",
            argparse={"type": positive_count, "metavar": "N"}),

@@ -78,6 +78,7 @@ class GraphSource:
     pipeline: bool = False
     pipeline_timeout: float | None = None
     chat_template: str | None = None  # --chat-template NAME|FILE
+    int8_activations: bool = False    # --int8-activations
 
     @classmethod
     def of(cls, args) -> "GraphSource":
@@ -85,7 +86,8 @@ class GraphSource:
         from mlxgraph.tools.pipeline_cli import load_options
 
         return cls(args.graph, args.tokenizer, args.compute_dtype, args.element_limit,
-                   **load_options(args), chat_template=args.chat_template)
+                   **load_options(args), chat_template=args.chat_template,
+                   int8_activations=bool(args.int8_activations))
 
     def check(self) -> None:
         """Refuse a graph path that is not a graph file, or a tokenizer that is not a folder.
@@ -131,9 +133,12 @@ class GraphSource:
             if self.pipeline else {}
         try:
             program = Program.load(self.graph, compute_dtype=self.compute_dtype,
-                                   element_limit=self.element_limit, **pipeline)
+                                   element_limit=self.element_limit,
+                                   int8_activations=self.int8_activations, **pipeline)
         except (GraphFormatError, PipelineError) as e:
             raise ToolError(str(e)) from None
+        except ValueError as e:  # the load options' refusals, named as the flag is
+            raise ToolError(str(e).replace("int8_activations", "--int8-activations", 1)) from None
         except OSError as e:
             raise ToolError(f"{self.graph}: cannot read ({e.strerror or e})") from None
         try:

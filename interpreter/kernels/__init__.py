@@ -14,6 +14,10 @@ the program's plan, chosen at load from MLX's default device (docs/architecture.
 "Device plans"), takes the variant there and the op's one kernel everywhere else. A
 variant computes what the kernel computes; docs/precision.md states any rounding that
 differs.
+
+An op may also have a variant a load option asks for (``register(op, variant="int8")``:
+Program.load's ``int8_activations``), which computes the op with a rounding the user chose
+(docs/precision.md); it takes precedence over the device's kernel where the op has one.
 """
 
 from dataclasses import dataclass
@@ -30,38 +34,50 @@ class Kernel:
     fn: object
     needs_context: bool
     device: str | None = None  # None: every device; else the plan it is the variant for
+    variant: str | None = None  # a load option's variant (VARIANTS), else None
 
 
 OP_MODULES = ("elementwise", "reductions", "linalg", "layout", "creation", "symbolic", "fused",
               "attention", "selection", "quantized", "gpu", "state")
 KERNELS = LazyRegistry(__name__, OP_MODULES)
 DEVICE_PLANS = ("cpu", "gpu")
+VARIANTS = ("int8",)   # int8: quantized products with x rounded to int8 (int8_activations)
 
 
-def register(op: str, needs_context: bool = False, device: str | None = None):
-    """Decorator: register ``fn`` as the kernel of ``op`` ('Add' or 'AddNode'), or as its
-    variant for one device plan.
+def register(op: str, needs_context: bool = False, device: str | None = None,
+             variant: str | None = None):
+    """Decorator: register ``fn`` as the kernel of ``op`` ('Add' or 'AddNode'), as its
+    variant for one device plan, or as the variant a load option asks for.
 
     Raises:
-        KeyError: the op catalogue has no such op. ValueError: an unknown device plan, or a
-        second registration of the same op and device.
+        KeyError: the op catalogue has no such op. ValueError: an unknown device plan or
+        variant, both at once, or a second registration of the same op and key.
     """
     name = entry(op).table
     if device is not None and device not in DEVICE_PLANS:
         raise ValueError(f"register({op!r}): device must be one of {DEVICE_PLANS}")
+    if variant is not None and (variant not in VARIANTS or device is not None):
+        raise ValueError(f"register({op!r}): variant must be one of {VARIANTS}, no device")
 
     def wrap(fn):
-        key = (name, device)
+        key = (name, device or variant)
         if key in KERNELS.entries:
-            raise ValueError(f"{name}: a kernel is already registered for device {device}")
-        KERNELS.add(key, Kernel(name, fn, needs_context, device))
+            raise ValueError(f"{name}: a kernel is already registered for {key[1]}")
+        KERNELS.add(key, Kernel(name, fn, needs_context, device, variant))
         return fn
 
     return wrap
 
 
-def get_kernel(op: str, device: str | None = None) -> Kernel | None:
-    """The kernel for an op table name on a device plan (its variant there, else the op's
-    kernel), or None when this version has none."""
+def get_kernel(op: str, device: str | None = None, variant: str | None = None) -> Kernel | None:
+    """The kernel for an op table name: the load option's ``variant`` where the op has one,
+    else its variant for the device plan, else the op's kernel; None when this version has
+    none."""
     table = KERNELS.table()
-    return table.get((op, device)) or table.get((op, None))
+    return ((variant and table.get((op, variant))) or table.get((op, device))
+            or table.get((op, None)))
+
+
+def variant_ops(variant: str) -> frozenset:
+    """The op table names that have a kernel for the load option's ``variant``."""
+    return frozenset(op for op, key in KERNELS.table() if key == variant)

@@ -15,6 +15,7 @@ from mlxgraph.interpreter.kernels import register
 from mlxgraph.interpreter.native.quantized import (
     dequantize_eligible,
     eligible,
+    int8_eligible,
     native_kernel,
     prefill_sized,
     tile_eligible,
@@ -52,6 +53,18 @@ def quantized_linear(x, weight, scales, biases, bias, group_size, bits):
         y = mx.quantized_matmul(x, weight, scales, biases, transpose=True,
                                 group_size=group_size, bits=bits)
     return y if bias is None else y + bias
+
+
+@register("QuantizedLinear", variant="int8")
+def quantized_linear_int8(x, weight, scales, biases, bias, group_size, bits):
+    """x @ W.T (+ bias) with x rounded to int8 per 32 values (Program.load's
+    int8_activations; docs/precision.md), where the int8 kernel takes the shape; exact
+    otherwise."""
+    native = native_kernel()
+    if mx.default_device() == mx.cpu and int8_eligible(native, x, scales, group_size, bits):
+        y = native.int8_fn(x, weight, scales, biases, group_size, bits)
+        return y if bias is None else y + bias
+    return quantized_linear(x, weight, scales, biases, bias, group_size, bits)
 
 
 @register("QuantizedEmbedding")

@@ -24,6 +24,10 @@ from mlxgraph.interpreter.native.mlx_extension import import_mlx_extension
 PREFILL_ROWS = 4
 # Scales and biases the native kernel reads (a float32 graph's, float16 by default).
 _KERNEL_SCALES = (mx.float32, mx.float16)
+# The int8 kernel reads a row of W 64 bytes at a time: rows of whole such chunks, per bits;
+# and its x blocks of 32 values lie within one group.
+INT8_CHUNK_WEIGHTS = {8: 64, 4: 128}
+INT8_X_BLOCK = 32
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,8 @@ class NativeKernel:
     dequantize_fn: object = None
     tile_fn: object = None
     tile_reason: str = ""
+    int8_fn: object = None      # the product with x rounded to int8 (int8_kernel.h)
+    int8_simd: str = ""         # its instruction-set level
 
     def describe(self) -> str:
         """One line for the stats: which kernel a QuantizedLinear runs on."""
@@ -64,10 +70,20 @@ class NativeKernel:
         return (f"native half matvec ({self.simd}, {self.threads} threads) for steps of <= "
                 f"{self.max_rows} rows; MLX's matmul otherwise")
 
-    def as_dict(self) -> dict:
-        """JSON-ready: native (bool), simd, threads, max_rows, reason."""
-        return {"native": self.fn is not None, "simd": self.simd, "threads": self.threads,
-                "max_rows": self.max_rows, "reason": self.reason, "kernel": self.describe()}
+    def describe_int8(self) -> str:
+        """One line for the stats of a program loaded with int8_activations."""
+        return (f"int8 activations ({self.int8_simd}, {self.threads} threads) for float32 "
+                f"products whose rows are whole {INT8_CHUNK_WEIGHTS[8]} (q8) or "
+                f"{INT8_CHUNK_WEIGHTS[4]} (q4) weights; the others exact: {self.describe()}")
+
+    def as_dict(self, int8: bool = False) -> dict:
+        """JSON-ready: native (bool), simd, threads, max_rows, reason, the kernel's line;
+        ``int8``: the program takes int8 activations (int8 and its level added)."""
+        out = {"native": self.fn is not None, "simd": self.simd, "threads": self.threads,
+               "max_rows": self.max_rows, "reason": self.reason, "kernel": self.describe()}
+        if int8:
+            out.update(int8=self.int8_simd, kernel=self.describe_int8())
+        return out
 
 
 def _absent(reason: str) -> NativeKernel:
@@ -98,7 +114,8 @@ def native_kernel() -> NativeKernel:
     return NativeKernel(module.quantized_matvec, module.simd(), module.threads(),
                         module.MAX_ROWS, half_fn=module.half_matvec,
                         dequantize_fn=module.dequantize, tile_fn=tile_fn,
-                        tile_reason=tile_reason)
+                        tile_reason=tile_reason, int8_fn=module.quantized_int8,
+                        int8_simd=module.int8_level())
 
 
 def _packed_eligible(scales, group_size: int, bits: int) -> bool:
@@ -125,6 +142,15 @@ def tile_eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -
     nonempty last axis, and the native product's rule for the weight."""
     return (kernel.tile_fn is not None and prefill_sized(x) and x.shape[-1] > 0
             and _packed_eligible(scales, group_size, bits))
+
+
+def int8_eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -> bool:
+    """Whether the int8 kernel computes this product: float32 x of any rows, float32 or
+    float16 scales, rows of W of whole 64-byte chunks, groups of whole 32-value x blocks."""
+    return (kernel.int8_fn is not None and x.dtype == mx.float32 and x.ndim >= 1
+            and scales.dtype in _KERNEL_SCALES and bits in INT8_CHUNK_WEIGHTS
+            and x.shape[-1] % INT8_CHUNK_WEIGHTS[bits] == 0 and x.shape[-1] > 0
+            and group_size % INT8_X_BLOCK == 0 and (group_size * bits // 8) % 16 == 0)
 
 
 def prefill_sized(x) -> bool:
