@@ -15,8 +15,8 @@ from typing import Any
 import mlx.core as mx
 
 from mlxgraph.interpreter.errors import GraphRuntimeError
-from mlxgraph.interpreter.kernels import variant_ops
 from mlxgraph.interpreter.expert_products import mark_expert_products
+from mlxgraph.interpreter.kernels import variant_ops
 from mlxgraph.interpreter.load_options import (
     COMPUTE_DTYPES,
     check_compute_dtype,

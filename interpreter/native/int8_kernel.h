@@ -44,13 +44,13 @@ struct Int8Problem {
   float* y;              // [M][N]
   int m, n, k, bits, group_size;
   bool half_scales;
-  int chunks = 0;                // per row of W: K * bits / 8 / CHUNK (K a whole number of them)
+  int chunks = 0;                // per row of W: K * bits / 8 / CHUNK, rounded up
   const int8_t* xq = nullptr;    // [M][chunks][weights per chunk]
   const float* xd = nullptr;     // [M][chunks][16]: each lane's x scale
   const float* xsum = nullptr;   // [M][G]: per-group float32 sums of x
 };
 
-// Weights per chunk at ``bits``; the rows of K this kernel takes are whole chunks.
+// Weights per chunk at ``bits``.
 constexpr int weights_per_chunk(int bits) { return CHUNK * 8 / bits; }
 
 typedef int32_t v16i __attribute__((vector_size(64)));
@@ -158,40 +158,73 @@ struct Avx2Int8Ops : Avx2Ops {
 };
 #endif
 
-// Rows [r0, r0 + R) of W against rows [m0, m0 + MB) of x. SPLIT: a chunk spans several
-// groups (group size below the chunk's weights), so each lane takes its own group's scale.
+// Chunk c of R rows of W (their codes at code[r], their scales from sg[r], the chunk's first
+// group) against rows [m0, m0 + MB) of x, into acc. SPLIT: the chunk spans several groups
+// (group size below the chunk's weights), so each lane takes its own group's scale.
+template <class S, int BITS, bool SPLIT, int R, int MB>
+inline void int8_chunk(const Int8Problem& p, int m0, int c, const uint8_t* const (&code)[R],
+                       const float* const (&sg)[R], typename S::F (&acc)[R][MB]) {
+  using F = typename S::F;
+  constexpr int WPC = weights_per_chunk(BITS);
+  F sv[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    sv[r] = SPLIT ? S::groups(sg[r], LANES16 * p.group_size / WPC) : S::set1(sg[r][0]);
+#pragma GCC unroll 4
+  for (int m = 0; m < MB; ++m) {
+    const size_t at = (size_t)(m0 + m) * p.chunks + c;
+    const int8_t* xq = p.xq + at * WPC;
+    const F d = S::load(p.xd + at * LANES16);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const F dots = S::cvt(S::template dot<BITS>(code[r], xq));
+      acc[r][m] = S::fma(dots, S::mul(d, sv[r]), acc[r][m]);
+    }
+  }
+}
+
+// Rows [r0, r0 + R) of W against rows [m0, m0 + MB) of x: the whole chunks of each row, then
+// its last, partial one (a row of 32-value multiples ends mid-chunk) from zero-padded copies
+// of its codes and scales, so nothing past the row is read.
 template <class S, int BITS, bool SPLIT, int R, int MB>
 inline void int8_tile(const Int8Problem& p, int r0, int m0, const float* s, const float* b,
                       size_t stride) {
   using F = typename S::F;
   constexpr int WPC = weights_per_chunk(BITS);
   const int groups = p.k / p.group_size;
-  const int lanes_per_group = SPLIT ? LANES16 * p.group_size / WPC : 0;
   const size_t row_bytes = (size_t)p.k * BITS / 8;
+  const int whole = (int)(row_bytes / CHUNK);
   const uint8_t* w = p.w + (size_t)r0 * row_bytes;
   F acc[R][MB];
 #pragma GCC unroll 16
   for (int i = 0; i < R * MB; ++i) acc[i / MB][i % MB] = S::zero();
-  for (int c = 0; c < p.chunks; ++c) {
+  for (int c = 0; c < whole; ++c) {
     const int g = c * WPC / p.group_size;   // the chunk's first group
-    F sv[R];
+    const uint8_t* code[R];
+    const float* sg[R];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      sv[r] = SPLIT ? S::groups(s + r * stride + g, lanes_per_group) : S::set1(s[r * stride + g]);
+      code[r] = w + r * row_bytes + (size_t)c * CHUNK;
+      sg[r] = s + r * stride + g;
       // a cache line per chunk: the same place of the row a tile below (quantized_kernel.h)
       __builtin_prefetch(w + (r + TILE) * row_bytes + (size_t)c * CHUNK);
     }
-#pragma GCC unroll 4
-    for (int m = 0; m < MB; ++m) {
-      const size_t at = (size_t)(m0 + m) * p.chunks + c;
-      const int8_t* xq = p.xq + at * WPC;
-      const F d = S::load(p.xd + at * LANES16);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const F dots = S::cvt(S::template dot<BITS>(w + r * row_bytes + (size_t)c * CHUNK, xq));
-        acc[r][m] = S::fma(dots, S::mul(d, sv[r]), acc[r][m]);
-      }
+    int8_chunk<S, BITS, SPLIT, R, MB>(p, m0, c, code, sg, acc);
+  }
+  if (whole < p.chunks) {
+    const int g = whole * WPC / p.group_size;
+    const size_t tail = row_bytes - (size_t)whole * CHUNK;
+    alignas(64) uint8_t padded[R][CHUNK] = {};
+    float scales[R][LANES16 / 4] = {};   // a chunk spans at most 4 groups
+    const uint8_t* code[R];
+    const float* sg[R];
+    for (int r = 0; r < R; ++r) {
+      std::memcpy(padded[r], w + r * row_bytes + (size_t)whole * CHUNK, tail);
+      for (int i = 0; i < LANES16 / 4 && g + i < groups; ++i) scales[r][i] = s[r * stride + g + i];
+      code[r] = padded[r];
+      sg[r] = scales[r];
     }
+    int8_chunk<S, BITS, SPLIT, R, MB>(p, m0, whole, code, sg, acc);
   }
   for (int r = 0; r < R; ++r) {
     const float* br = b + r * stride;
@@ -325,8 +358,8 @@ inline void prepare_int8_x(Int8Problem& p, std::vector<int8_t>& xq, std::vector<
                            std::vector<float>& xsum) {
   const int wpc = weights_per_chunk(p.bits), wpl = wpc / LANES16;
   const int groups = p.k / p.group_size;
-  p.chunks = p.k / wpc;
-  xq.resize((size_t)p.m * p.k);
+  p.chunks = (p.k + wpc - 1) / wpc;
+  xq.assign((size_t)p.m * p.chunks * wpc, 0);   // a partial last chunk's padding stays 0
   xd.resize((size_t)p.m * p.chunks * LANES16);
   xsum.resize((size_t)p.m * groups);
   thread_local std::vector<int8_t> q;
@@ -354,16 +387,20 @@ inline void prepare_int8_x(Int8Problem& p, std::vector<int8_t>& xq, std::vector<
     for (int c = 0; c < p.chunks; ++c) {
       int8_t* out = xq.data() + ((size_t)m * p.chunks + c) * wpc;
       const int8_t* in = q.data() + (size_t)c * wpc;
+      const int count = std::min(wpc, p.k - c * wpc);
       if (p.bits == 8) {
-        std::memcpy(out, in, wpc);
+        std::memcpy(out, in, count);
       } else {
-        for (int i = 0; i < wpc / 2; ++i) {
+        for (int i = 0; i < count / 2; ++i) {
           out[i] = in[2 * i];
           out[wpc / 2 + i] = in[2 * i + 1];
         }
       }
       const size_t lanes = ((size_t)m * p.chunks + c) * LANES16;
-      for (int j = 0; j < LANES16; ++j) xd[lanes + j] = d[(c * wpc + j * wpl) / XBLOCK];
+      for (int j = 0; j < LANES16; ++j) {
+        const int first = c * wpc + j * wpl;
+        xd[lanes + j] = first < p.k ? d[first / XBLOCK] : 0.0f;
+      }
     }
   }
   p.xq = xq.data();

@@ -24,9 +24,7 @@ from mlxgraph.interpreter.native.mlx_extension import import_mlx_extension
 PREFILL_ROWS = 4
 # Scales and biases the native kernel reads (a float32 graph's, float16 by default).
 _KERNEL_SCALES = (mx.float32, mx.float16)
-# The int8 kernel reads a row of W 64 bytes at a time: rows of whole such chunks, per bits;
-# and its x blocks of 32 values lie within one group.
-INT8_CHUNK_WEIGHTS = {8: 64, 4: 128}
+# The int8 kernel's blocks of x: 32 values, one int8 scale each, within one group.
 INT8_X_BLOCK = 32
 
 
@@ -72,9 +70,9 @@ class NativeKernel:
 
     def describe_int8(self) -> str:
         """One line for the stats of a program loaded with int8_activations."""
-        return (f"int8 activations ({self.int8_simd}, {self.threads} threads) for float32 "
-                f"products whose rows are whole {INT8_CHUNK_WEIGHTS[8]} (q8) or "
-                f"{INT8_CHUNK_WEIGHTS[4]} (q4) weights; the others exact: {self.describe()}")
+        return (f"int8 activations ({self.int8_simd}, {self.threads} threads) for float32 x "
+                f"(per {INT8_X_BLOCK} values), group sizes of multiples of {INT8_X_BLOCK}; the "
+                f"others exact: {self.describe()}")
 
     def as_dict(self, int8: bool = False) -> dict:
         """JSON-ready: native (bool), simd, threads, max_rows, reason, the kernel's line;
@@ -146,11 +144,10 @@ def tile_eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -
 
 def int8_eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -> bool:
     """Whether the int8 kernel computes this product: float32 x of any rows, float32 or
-    float16 scales, rows of W of whole 64-byte chunks, groups of whole 32-value x blocks."""
+    float16 scales, 4 or 8 bits, groups of whole 32-value x blocks."""
     return (kernel.int8_fn is not None and x.dtype == mx.float32 and x.ndim >= 1
-            and scales.dtype in _KERNEL_SCALES and bits in INT8_CHUNK_WEIGHTS
-            and x.shape[-1] % INT8_CHUNK_WEIGHTS[bits] == 0 and x.shape[-1] > 0
-            and group_size % INT8_X_BLOCK == 0 and (group_size * bits // 8) % 16 == 0)
+            and x.shape[-1] > 0 and scales.dtype in _KERNEL_SCALES and bits in (4, 8)
+            and group_size % INT8_X_BLOCK == 0)
 
 
 def prefill_sized(x) -> bool:

@@ -227,17 +227,16 @@ mx::array quantized_matvec(const mx::array& x_in, const mx::array& w, const mx::
                    {x_in, row_major(w, s), row_major(scales, s), row_major(biases, s)});
 }
 
-// x @ dequantize(w).T with x rounded to int8 per block of 32: float32 x of any rows whose
-// length is a whole number of 64-byte chunks of codes, group sizes of whole x blocks.
+// x @ dequantize(w).T with x rounded to int8 per block of 32: float32 x of any rows, group
+// sizes of whole x blocks.
 mx::array quantized_int8(const mx::array& x_in, const mx::array& w, const mx::array& scales,
                          const mx::array& biases, int group_size, int bits) {
   if (x_in.dtype() != mx::float32 || x_in.ndim() < 1)
     throw std::invalid_argument("quantized_int8: float32 x");
   const int k = x_in.shape(-1);
   check_packed("quantized_int8", w, scales, biases, k, group_size, bits);
-  if (k == 0 || k % weights_per_chunk(bits) != 0 || group_size % XBLOCK != 0)
-    throw std::invalid_argument("quantized_int8: K a multiple of 64 (8 bits) or 128 (4 bits), "
-                                "a group size of whole 32-value blocks");
+  if (k == 0 || group_size % XBLOCK != 0)
+    throw std::invalid_argument("quantized_int8: a group size of whole 32-value blocks");
   auto s = mx::default_stream(mx::Device::cpu);
   auto shape = x_in.shape();
   shape.back() = w.shape(0);
