@@ -10,12 +10,13 @@ transformers computes the loss of every window in float32 (this process, torch);
 exports the folder as float32, float16 and bfloat16 graphs and computes the same loss in a
 child process (MLX with the preloaded BLAS, no torch), and with a float32 graph over a
 float16, bfloat16, 8-bit and 4-bit KV cache, and float32 graphs of q8 and q4 weights
-(``export --quantize``); with llama-cpp-python and its converter installed (``make bench``),
-also llama.cpp's float32, q8_0 and q4_0 GGUF files of the same folder
-(benchmarks/llama_cpp_gguf.py), fed the same token ids. Printed per row: bits per byte, the loss's
-relative difference from transformers float32, its tolerance (1e-4 for float32: the same
-computation; the others are stated in ROWS) and tokens/s of the loss pass. Exit 1 when a
-row is outside its tolerance.
+(``export --quantize``), exact and with int8 activations (``int8_activations``); with
+llama-cpp-python and its converter installed (``make bench``), also llama.cpp's float32,
+q8_0 and q4_0 GGUF files of the same folder (benchmarks/llama_cpp_gguf.py), fed the same
+token ids. Printed per row: bits per byte, the loss's relative difference from
+transformers float32, its tolerance (1e-4 for float32: the same computation; the others
+are stated in ROWS) and tokens/s of the loss pass. Exit 1 when a row is outside its
+tolerance.
 """
 
 import argparse
@@ -48,7 +49,13 @@ ROWS = [
     ("q8 weights", "float32", {}, 1e-2, "q8"),
     ("q4 weights", "float32", {}, 5e-2, "q4"),
     ("q4 weights, emb+head q8", "float32", {}, 1e-2, "q4+q8"),
+    # int8 activations (a load option): x rounded to int8 per 32 values in every quantized
+    # product, as llama.cpp's q8_0/q4_0 do; the same tolerances as the exact rows.
+    ("q8 weights, int8 activations", "float32", {"int8_activations": True}, 1e-2, "q8"),
+    ("q4 weights, int8 activations", "float32", {"int8_activations": True}, 5e-2, "q4"),
 ]
+# Row options that are Program.load's, not the session's.
+LOAD_OPTIONS = ("int8_activations",)
 # A row's weight recipe (its optional fifth entry) as export's quantize argument.
 RECIPES = {"q8": ("q8", None), "q4": ("q4", None), "q4+q8": ("q4", "q8")}
 # llama.cpp's files of the same folder (GGUF type, tolerance): float32 is the same model
@@ -110,10 +117,12 @@ def worker(graph: str, windows_file: str, options: str) -> int:
     import mlxgraph
     from mlxgraph.tools.perplexity import graph_nll
 
-    program = mlxgraph.load(graph)
+    session_options = json.loads(options)
+    load_options = {k: session_options.pop(k) for k in LOAD_OPTIONS if k in session_options}
+    program = mlxgraph.load(graph, **load_options)
     wins = json.loads(Path(windows_file).read_text())
     t0 = time.perf_counter()
-    nll = [graph_nll(program, w, **json.loads(options)) for w in wins]
+    nll = [graph_nll(program, w, **session_options) for w in wins]
     print(json.dumps({"nll": nll, "seconds": time.perf_counter() - t0}))
     return 0
 

@@ -33,7 +33,10 @@ load average at the start and the end, and its all-core memory read bandwidth ar
 weights but the embedding table (untied models gather one row of it) plus the float32 K/V
 at the average context. The acceptance check: the native kernel's greedy tokens equal
 those of the same graph on MLX's own op (``MLXGRAPH_QUANTIZED_KERNEL=mlx``: the dequantized
-weight in float32); the script exits 1 otherwise.
+weight in float32); the script exits 1 otherwise. The labelled "int8 act." rows load the
+q8/q4 graphs with ``int8_activations`` (x rounded to int8 per 32 values, as llama.cpp's
+q8_0/q4_0 products do; not the default): their last column is their greedy tokens' agreement
+with the exact graph's (their loss: perplexity_bench.py).
 """
 
 import argparse
@@ -143,19 +146,24 @@ def matvec_worker(prompt: int) -> dict:
 
 
 ENGINES = Path(__file__).resolve().parent / "engines"
-# (row name, graph mode or GGUF type, engine script, environment); llama.cpp rows last.
+# (row name, graph mode or GGUF type, engine script, environment, engine flags); llama.cpp
+# rows last. The int8 rows load the q8/q4 graphs with int8_activations (x rounded to int8
+# per 32 values, as llama.cpp's q8_0/q4_0 do): not the default, so labelled.
+INT8 = ("--int8-activations",)
 ROWS = [
-    ("mlxgraph float32", "float32", "mlxgraph_engine.py", {}),
-    ("mlxgraph q8", "q8", "mlxgraph_engine.py", {}),
-    ("mlxgraph q4", "q4", "mlxgraph_engine.py", {}),
-    ("llama.cpp f32", "f32", "llama_cpp_engine.py", {}),
-    ("llama.cpp q8_0", "q8_0", "llama_cpp_engine.py", {}),
-    ("llama.cpp q4_0", "q4_0", "llama_cpp_engine.py", {}),
+    ("mlxgraph float32", "float32", "mlxgraph_engine.py", {}, ()),
+    ("mlxgraph q8", "q8", "mlxgraph_engine.py", {}, ()),
+    ("mlxgraph q4", "q4", "mlxgraph_engine.py", {}, ()),
+    ("mlxgraph q8 int8 act.", "q8", "mlxgraph_engine.py", {}, INT8),
+    ("mlxgraph q4 int8 act.", "q4", "mlxgraph_engine.py", {}, INT8),
+    ("llama.cpp f32", "f32", "llama_cpp_engine.py", {}, ()),
+    ("llama.cpp q8_0", "q8_0", "llama_cpp_engine.py", {}, ()),
+    ("llama.cpp q4_0", "q4_0", "llama_cpp_engine.py", {}, ()),
 ]
 # --llama-cpp-passive: labelled extra rows with a non-default setting of the peer.
 PASSIVE_ROWS = [
-    (f"{name} passive", kind, script, {"OMP_WAIT_POLICY": "PASSIVE"})
-    for name, kind, script, _ in ROWS if script == "llama_cpp_engine.py"
+    (f"{name} passive", kind, script, {"OMP_WAIT_POLICY": "PASSIVE"}, ())
+    for name, kind, script, _, _ in ROWS if script == "llama_cpp_engine.py"
 ]
 # The reference of each quantized graph: MLX's own op on the same file.
 REFERENCE_ENV = {"MLXGRAPH_QUANTIZED_KERNEL": "mlx"}
@@ -179,10 +187,12 @@ def model_folder(name: str, workdir: Path) -> Path:
     return folder
 
 
-def run_engine(script: str, model: Path, prompt: list, args, env: dict, runs: int) -> dict:
+def run_engine(script: str, model: Path, prompt: list, args, env: dict, runs: int,
+               flags: tuple = ()) -> dict:
     """One engine process; its result document."""
     cmd = [sys.executable, str(ENGINES / script), "--model", str(model), "--prompt-ids",
-           ",".join(map(str, prompt)), "--new-tokens", str(args.decode), "--runs", str(runs)]
+           ",".join(map(str, prompt)), "--new-tokens", str(args.decode), "--runs", str(runs),
+           *flags]
     # The peer's defaults unless the row sets them: no wait policy inherited from here.
     base = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     done = subprocess.run(cmd, capture_output=True, text=True, env={**base, **env})
@@ -218,18 +228,24 @@ def bench_model(name: str, args, workdir: Path) -> dict:
     if not llama_missing:
         files.update(convert(folder, workdir / "gguf"))
     rows = []
-    for row, kind, script, env in ROWS + (PASSIVE_ROWS if args.llama_cpp_passive else []):
+    for row, kind, script, env, flags in ROWS + (PASSIVE_ROWS if args.llama_cpp_passive else []):
         if kind not in files:
             continue
-        r = run_engine(script, files[kind], prompt, args, env, args.runs)
-        r.update(name=row, kind=kind, file_bytes=files[kind].stat().st_size)
+        r = run_engine(script, files[kind], prompt, args, env, args.runs, flags)
+        r.update(name=row, kind=kind, file_bytes=files[kind].stat().st_size, labelled=bool(
+            flags or env))
         r["bytes_per_token"] = read_per_token(cfg, r["file_bytes"], args.prompt + args.decode / 2)
         r["decode_bytes_per_s"] = r["bytes_per_token"] * r["decode_tps"]
-        if kind in ("q8", "q4"):
+        if kind in ("q8", "q4") and not flags:
             ref = run_engine(script, files[kind], prompt, args, REFERENCE_ENV, 1)
             r["tokens_equal_mlx_op"] = r["tokens"] == ref["tokens"]
         rows.append(r)
-    by_kind = {r["kind"]: r for r in rows if "passive" not in r["name"]}
+    by_kind = {r["kind"]: r for r in rows if not r["labelled"]}
+    for r in rows:  # int8 activations: greedy agreement with the exact graph's tokens
+        if r["labelled"] and r["engine"] == "mlxgraph":
+            exact = by_kind[r["kind"]]["tokens"]
+            r["tokens_agree_exact"] = [sum(a == b for a, b in zip(r["tokens"], exact)),
+                                       len(exact)]
     for r in rows:
         f32 = by_kind["float32" if r["engine"] == "mlxgraph" else "f32"]
         r["size_ratio"] = r["file_bytes"] / f32["file_bytes"]
@@ -295,6 +311,8 @@ def print_table(doc: dict) -> None:
               f"{'= MLX op':>8s}")
         for r in model["rows"]:
             same = {True: "yes", False: "NO", None: "-"}[r.get("tokens_equal_mlx_op")]
+            if "tokens_agree_exact" in r:
+                same = "{}/{}".format(*r["tokens_agree_exact"])
             vs = f"{r['decode_vs_llama_cpp']:.2f}x" if r["decode_vs_llama_cpp"] else "-"
             pvs = f"{r['prefill_vs_llama_cpp']:.2f}x" if r["prefill_vs_llama_cpp"] else "-"
             print(f"{r['name']:24s} {_mb(r['file_bytes'])} {r['size_ratio']:6.3f} "

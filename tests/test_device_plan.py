@@ -93,4 +93,8 @@ def test_a_second_kernel_for_the_same_op_and_device_is_refused():
         register("Rope", device="gpu")(lambda x, cos, sin: x)
     with pytest.raises(ValueError, match="device must be one of"):
         register("Rope", device="npu")
+    with pytest.raises(ValueError, match="already registered for variant int8"):
+        register("QuantizedLinear", variant="int8")(lambda x: x)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        register("QuantizedLinear", variant="int4")
     assert get_kernel("RopeNode", "gpu").fn.__module__ == kernels.gpu.__name__

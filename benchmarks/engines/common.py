@@ -33,6 +33,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     # torch engines only (MLX engines run on MLX's default device, in the file's dtype).
     ap.add_argument("--dtype", default="float32", help="transformers: the weights' dtype")
     ap.add_argument("--device", default="cpu", help="transformers: cpu or cuda")
+    ap.add_argument("--int8-activations", action="store_true",
+                    help="mlxgraph: load the graph with int8_activations")
     args = ap.parse_args(argv)
     args.prompt = [int(x) for x in args.prompt_ids.split(",")]
     return args

@@ -17,7 +17,7 @@ def main() -> int:
     args = parse_args()
     import mlxgraph
 
-    program = mlxgraph.load(args.model)
+    program = mlxgraph.load(args.model, int8_activations=args.int8_activations)
     blas = mlxgraph.blas_in_use()
     import mlx.core as mx
 

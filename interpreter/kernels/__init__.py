@@ -62,7 +62,8 @@ def register(op: str, needs_context: bool = False, device: str | None = None,
     def wrap(fn):
         key = (name, device or variant)
         if key in KERNELS.entries:
-            raise ValueError(f"{name}: a kernel is already registered for {key[1]}")
+            where = f"variant {variant}" if variant else f"device {device}"
+            raise ValueError(f"{name}: a kernel is already registered for {where}")
         KERNELS.add(key, Kernel(name, fn, needs_context, device, variant))
         return fn
 
