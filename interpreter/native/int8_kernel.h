@@ -57,6 +57,7 @@ typedef int32_t v16i __attribute__((vector_size(64)));
 
 // Integer parts per instruction set; the float parts are the exact kernel's (quantized_kernel.h).
 struct GenericInt8Ops : GenericOps {
+  static constexpr bool kWideTile = false;   // whether R x 4 accumulators fit the registers
   using I = v16i;
   template <int BITS>
   static I dot(const uint8_t* c, const int8_t* xq) {
@@ -89,6 +90,7 @@ struct GenericInt8Ops : GenericOps {
 #define MLXG_AVX512_VNNI __attribute__((target("arch=x86-64-v4,avx512vnni")))
 
 struct Avx512VnniOps : Avx512Ops {
+  static constexpr bool kWideTile = true;    // 16 accumulators of 32 zmm
   using I = __m512i;
   template <int BITS>
   MLXG_AVX512_VNNI static I dot(const uint8_t* c, const int8_t* xq) {
@@ -120,6 +122,7 @@ struct Avx512VnniOps : Avx512Ops {
 // c = 16 h + l, each pair at most 2 x 15 x 127, and the high one's pairs count 16 times: the
 // same exact sum.
 struct Avx2Int8Ops : Avx2Ops {
+  static constexpr bool kWideTile = false;   // 16 ymm: 4 x 4 pairs would spill
   struct I {
     __m256i a, b;
   };
@@ -245,9 +248,14 @@ template <class S, int BITS, bool SPLIT, int R>
 inline void int8_tile_rows(const Int8Problem& p, int r0, const float* s, const float* b,
                            size_t stride) {
   int m0 = 0;
-  for (; m0 + 4 <= p.m; m0 += 4)
-    for (int r = 0; r < R; ++r)
-      int8_tile<S, BITS, SPLIT, 1, 4>(p, r0 + r, m0, s + r * stride, b + r * stride, stride);
+  for (; m0 + 4 <= p.m; m0 += 4) {
+    if constexpr (S::kWideTile) {   // 4 x 4 accumulators: each code load meets 4 rows of x
+      int8_tile<S, BITS, SPLIT, R, 4>(p, r0, m0, s, b, stride);
+    } else {
+      for (int r = 0; r < R; ++r)
+        int8_tile<S, BITS, SPLIT, 1, 4>(p, r0 + r, m0, s + r * stride, b + r * stride, stride);
+    }
+  }
   const int left = p.m - m0;
   if (left == 1) {
     int8_tile<S, BITS, SPLIT, R, 1>(p, r0, m0, s, b, stride);
