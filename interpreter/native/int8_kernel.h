@@ -19,7 +19,7 @@
 // 128 at 4) and gives 16 int32 lanes, lane j the sum over bytes 4j..4j+3. At 4 bits a byte
 // holds an even weight (low nibble) and the next, odd one: x is stored per chunk as its 64
 // even values then its 64 odd ones, so the low nibbles meet the first and the high nibbles
-// the second. prepare_int8_x writes, per row of x and chunk, the int8 values and each lane's
+// the second. int8_prepare.h writes, per row of x and chunk, the int8 values and each lane's
 // x scale.
 #pragma once
 
@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "int8_ops.h"
+#include "int8_prepare.h"
 #include "quantized_kernel.h"
 
 namespace mlxgraph_native {
@@ -46,9 +47,6 @@ struct Int8Problem {
   const float* xd = nullptr;     // [M][chunks][16]: each lane's x scale
   const float* xsum = nullptr;   // [M][G]: per-group float32 sums of x
 };
-
-// Weights per chunk at ``bits``.
-constexpr int weights_per_chunk(int bits) { return CHUNK * 8 / bits; }
 
 // Chunk c of R rows of W (their codes at code[r], their scales from sg[r], the chunk's first
 // group) against rows [m0, m0 + MB) of x, into acc. SPLIT: the chunk spans several groups
@@ -225,6 +223,7 @@ __attribute__((flatten)) MLXG_AVX2 inline void int8_rows_avx2(const Int8Problem&
 struct Int8Level {
   const char* name;
   Int8RowsFn rows;
+  Int8PrepareFn prepare;   // x rounded by the same instruction set (int8_prepare.h)
 };
 
 // The levels this CPU runs, best first (tests and benchmarks may pick a lower one).
@@ -234,10 +233,10 @@ inline const std::vector<Int8Level>& int8_levels() {
 #if defined(__x86_64__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512vnni"))
-      out.push_back({"avx512-vnni", int8_rows_vnni});
-    if (__builtin_cpu_supports("x86-64-v3")) out.push_back({"avx2", int8_rows_avx2});
+      out.push_back({"avx512-vnni", int8_rows_vnni, prepare_row_vnni});
+    if (__builtin_cpu_supports("x86-64-v3")) out.push_back({"avx2", int8_rows_avx2, prepare_row_avx2});
 #endif
-    out.push_back({"generic", int8_rows_generic});
+    out.push_back({"generic", int8_rows_generic, prepare_row_generic});
     return out;
   }();
   return all;
@@ -245,67 +244,34 @@ inline const std::vector<Int8Level>& int8_levels() {
 
 inline std::atomic<int> g_int8_level{0};  // index into int8_levels()
 
-// Whether a row of x holds only finite values (a row that does not goes to the exact kernel:
-// int8 scales cannot carry an infinity or a NaN).
-inline bool finite_row(const float* x, int k) {
-  for (int i = 0; i < k; ++i)
-    if (!std::isfinite(x[i])) return false;
-  return true;
-}
-
-// x rounded to int8 per block of 32, laid out as the chunks meet it; the per-group sums.
-inline void prepare_int8_x(Int8Problem& p, std::vector<int8_t>& xq, std::vector<float>& xd,
-                           std::vector<float>& xsum) {
-  const int wpc = weights_per_chunk(p.bits), wpl = wpc / LANES16;
-  const int groups = p.k / p.group_size;
+// x rounded to int8 (int8_prepare.h), its rows over the pool when there are enough of them
+// (a prefill's); ``finite`` per row whether it holds only finite values.
+inline void prepare_int8_x(Int8Problem& p, Int8PrepareFn prepare, std::vector<int8_t>& xq,
+                           std::vector<float>& xd, std::vector<float>& xsum,
+                           std::vector<uint8_t>& finite) {
+  const int wpc = weights_per_chunk(p.bits), groups = p.k / p.group_size;
   p.chunks = (p.k + wpc - 1) / wpc;
-  xq.assign((size_t)p.m * p.chunks * wpc, 0);   // a partial last chunk's padding stays 0
+  // resize, not assign: prepare_row writes every value the kernel reads, padding included
+  xq.resize((size_t)p.m * p.chunks * wpc);
   xd.resize((size_t)p.m * p.chunks * LANES16);
   xsum.resize((size_t)p.m * groups);
-  thread_local std::vector<int8_t> q;
-  thread_local std::vector<float> d;
-  q.resize(p.k);
-  d.resize(p.k / XBLOCK);
-  for (int m = 0; m < p.m; ++m) {
-    const float* xm = p.x + (size_t)m * p.k;
-    for (int g = 0; g < groups; ++g) {
-      float total = 0;
-      for (int t = 0; t < p.group_size; ++t) total += xm[g * p.group_size + t];
-      xsum[(size_t)m * groups + g] = total;
-    }
-    for (int blk = 0; blk < p.k / XBLOCK; ++blk) {
-      const float* xb = xm + blk * XBLOCK;
-      float amax = 0;
-      for (int i = 0; i < XBLOCK; ++i) amax = std::max(amax, std::fabs(xb[i]));
-      const float scale = amax / 127.0f;
-      d[blk] = scale;
-      for (int i = 0; i < XBLOCK; ++i) {
-        const float v = scale > 0 ? std::nearbyint(xb[i] / scale) : 0.0f;
-        q[blk * XBLOCK + i] = (int8_t)std::clamp(v, -127.0f, 127.0f);
-      }
-    }
-    for (int c = 0; c < p.chunks; ++c) {
-      int8_t* out = xq.data() + ((size_t)m * p.chunks + c) * wpc;
-      const int8_t* in = q.data() + (size_t)c * wpc;
-      const int count = std::min(wpc, p.k - c * wpc);
-      if (p.bits == 8) {
-        std::memcpy(out, in, count);
-      } else {
-        for (int i = 0; i < count / 2; ++i) {
-          out[i] = in[2 * i];
-          out[wpc / 2 + i] = in[2 * i + 1];
-        }
-      }
-      const size_t lanes = ((size_t)m * p.chunks + c) * LANES16;
-      for (int j = 0; j < LANES16; ++j) {
-        const int first = c * wpc + j * wpl;
-        xd[lanes + j] = first < p.k ? d[first / XBLOCK] : 0.0f;
-      }
-    }
-  }
+  finite.resize(p.m);
   p.xq = xq.data();
   p.xd = xd.data();
   p.xsum = xsum.data();
+  int8_t* const q = xq.data();
+  float *const d = xd.data(), *const sums = xsum.data();
+  uint8_t* const ok = finite.data();
+  const float* const x = p.x;
+  const int k = p.k, group_size = p.group_size, bits = p.bits;
+  const size_t row_q = (size_t)p.chunks * wpc, row_d = (size_t)p.chunks * LANES16;
+  // A value's rounding costs about what 8 weights of a one-row product do (measured on an
+  // EPYC), so parallel_rows' bound keeps a decode step's few rows on this thread.
+  parallel_rows(p.m, (long)p.m * p.k * 8, [=](int lo, int hi) {
+    for (int m = lo; m < hi; ++m)
+      ok[m] = prepare(x + (size_t)m * k, k, group_size, bits, q + m * row_q, d + m * row_d,
+                      sums + (size_t)m * groups);
+  });
 }
 
 // The whole product: x prepared, the rows of W over the pool; a row of x with a non-finite
@@ -313,17 +279,18 @@ inline void prepare_int8_x(Int8Problem& p, std::vector<int8_t>& xq, std::vector<
 // arithmetic gives them).
 inline void int8_product(Int8Problem& p) {
   if (p.m == 0 || p.n == 0) return;
-  const Int8RowsFn rows = int8_levels()[g_int8_level.load()].rows;
+  const Int8Level& level = int8_levels()[g_int8_level.load()];
   thread_local std::vector<int8_t> xq;
   thread_local std::vector<float> xd, xsum;
-  prepare_int8_x(p, xq, xd, xsum);
+  thread_local std::vector<uint8_t> finite;
+  prepare_int8_x(p, level.prepare, xq, xd, xsum, finite);
   const Int8Problem& q = p;
+  const Int8RowsFn rows = level.rows;
   parallel_rows(p.n, (long)p.n * p.k, [&q, rows](int lo, int hi) { rows(q, lo, hi); }, TILE);
   for (int m = 0; m < p.m; ++m) {
-    const float* xm = p.x + (size_t)m * p.k;
-    if (finite_row(xm, p.k)) continue;
-    QuantizedProblem exact{xm, p.w, p.scales, p.biases, p.y + (size_t)m * p.n, 1, p.n, p.k,
-                           p.bits, p.group_size, p.half_scales};
+    if (finite[m]) continue;
+    QuantizedProblem exact{p.x + (size_t)m * p.k, p.w, p.scales, p.biases, p.y + (size_t)m * p.n,
+                           1, p.n, p.k, p.bits, p.group_size, p.half_scales};
     quantized_product(exact);
   }
 }

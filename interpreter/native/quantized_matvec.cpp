@@ -67,7 +67,12 @@ PackedWeight packed_weight(const mx::array& w, const mx::array& scales,
                       (int)w.shape(0), k, bits, group_size, scales.dtype() == mx::float16};
 }
 
-class QuantizedMatvec : public PackedWeightPrimitive {
+// A product of x by a packed weight through KERNEL on its problem P (QuantizedProblem,
+// Int8Problem: the same leading fields). A view of x (the matvec's: at most 8 rows; the
+// int8 product's x is made row-major at its creation) is gathered into rows on the stream's
+// thread.
+template <class P, void (*KERNEL)(P&)>
+class PackedProduct : public PackedWeightPrimitive {
  public:
   using PackedWeightPrimitive::PackedWeightPrimitive;
 
@@ -75,47 +80,35 @@ class QuantizedMatvec : public PackedWeightPrimitive {
     const auto& x = inputs[0];
     const auto& w = inputs[1];
     const auto& scales = inputs[2];
-    const auto& biases = inputs[3];
     auto& out = outputs[0];
     auto& encoder = mlxgraph_eval::begin_eval(stream(), inputs, out);
-    QuantizedProblem p{x.data<float>(), w.data<uint8_t>(), scales.data<void>(),
-                       biases.data<void>(), out.data<float>(), (int)(x.size() / x.shape(-1)),
-                       (int)w.shape(0), (int)x.shape(-1), bits_, group_size_,
-                       scales.dtype() == mx::float16};
+    P p{x.data<float>(), w.data<uint8_t>(), scales.data<void>(), inputs[3].data<void>(),
+        out.data<float>(), (int)(x.size() / x.shape(-1)), (int)w.shape(0), (int)x.shape(-1),
+        bits_, group_size_, scales.dtype() == mx::float16};
     if (x.flags().row_contiguous) {
-      encoder.dispatch([p]() mutable { quantized_product(p); });
-    } else {  // a view (x is at most 8 rows): its elements gathered on the stream's thread
+      encoder.dispatch([p]() mutable { KERNEL(p); });
+    } else {
       encoder.dispatch([p, shape = x.shape(), strides = x.strides()]() mutable {
         thread_local std::vector<float> rows;
         rows.resize((size_t)p.m * p.k);
         gather(p.x, shape, strides, rows.data());
         p.x = rows.data();
-        quantized_product(p);
+        KERNEL(p);
       });
     }
   }
+};
 
+class QuantizedMatvec : public PackedProduct<QuantizedProblem, quantized_product> {
+ public:
+  using PackedProduct::PackedProduct;
   const char* name() const override { return "MlxgraphQuantizedMatvec"; }
 };
 
 // The same product with x rounded to int8 per block of 32 (int8_kernel.h), any rows.
-class QuantizedInt8Product : public PackedWeightPrimitive {
+class QuantizedInt8Product : public PackedProduct<Int8Problem, int8_product> {
  public:
-  using PackedWeightPrimitive::PackedWeightPrimitive;
-
-  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    const auto& x = inputs[0];
-    const auto& w = inputs[1];
-    const auto& scales = inputs[2];
-    const auto& biases = inputs[3];
-    auto& out = outputs[0];
-    auto& encoder = mlxgraph_eval::begin_eval(stream(), inputs, out);
-    Int8Problem p{x.data<float>(), w.data<uint8_t>(), scales.data<void>(), biases.data<void>(),
-                  out.data<float>(), (int)(x.size() / x.shape(-1)), (int)w.shape(0),
-                  (int)x.shape(-1), bits_, group_size_, scales.dtype() == mx::float16};
-    encoder.dispatch([p]() mutable { int8_product(p); });
-  }
-
+  using PackedProduct::PackedProduct;
   const char* name() const override { return "MlxgraphQuantizedInt8Product"; }
 };
 
