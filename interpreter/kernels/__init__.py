@@ -34,7 +34,6 @@ class Kernel:
     fn: object
     needs_context: bool
     device: str | None = None  # None: every device; else the plan it is the variant for
-    variant: str | None = None  # a load option's variant (VARIANTS), else None
 
 
 OP_MODULES = ("elementwise", "reductions", "linalg", "layout", "creation", "symbolic", "fused",
@@ -64,7 +63,7 @@ def register(op: str, needs_context: bool = False, device: str | None = None,
         if key in KERNELS.entries:
             where = f"variant {variant}" if variant else f"device {device}"
             raise ValueError(f"{name}: a kernel is already registered for {where}")
-        KERNELS.add(key, Kernel(name, fn, needs_context, device, variant))
+        KERNELS.add(key, Kernel(name, fn, needs_context, device))
         return fn
 
     return wrap
