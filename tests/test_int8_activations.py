@@ -90,6 +90,25 @@ def test_every_level_computes_the_int8_rounded_product(level, bits, group_size):
 
 
 @needs_native
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_prefills_rows_rounded_over_the_pool_are_the_same(bits):
+    """Enough rows of x that their rounding is split over the pool's threads: the same
+    product, bit for bit, as on one thread, and the contract's."""
+    ext = _ext()
+    x, q, s, b = case(70, 48, 1024, bits, 64, seed=11)
+    try:
+        ext.set_threads(1)
+        one = np.array(NATIVE.int8_fn(x, q, s, b, 64, bits))
+        ext.set_threads(2)
+        two = np.array(NATIVE.int8_fn(x, q, s, b, 64, bits))
+    finally:
+        ext.set_threads(NATIVE.threads)
+    np.testing.assert_array_equal(one, two)
+    want, magnitude = rounded_product(x, q, s, b, 64, bits)
+    assert np.abs(two - want).max() / magnitude.max() < 1e-6
+
+
+@needs_native
 def test_rounding_x_is_all_that_differs_from_the_exact_product():
     x, q, s, b = case(2, 512, 1024, 8, 64, seed=7)
     exact = np.array(NATIVE.fn(x, q, s, b, 64, 8))
