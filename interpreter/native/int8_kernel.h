@@ -265,8 +265,8 @@ inline void prepare_int8_x(Int8Problem& p, Int8PrepareFn prepare, std::vector<in
   const float* const x = p.x;
   const int k = p.k, group_size = p.group_size, bits = p.bits;
   const size_t row_q = (size_t)p.chunks * wpc, row_d = (size_t)p.chunks * LANES16;
-  // Rounding a value costs what ~16 (8 bits) to ~40 (4 bits) weights of a one-row product
-  // do (0.57 / 1.04 ns against 0.040 / 0.026 on one EPYC thread), so parallel_rows' bound
+  // Rounding a value costs what ~14 (8 bits) to ~31 (4 bits) weights of a one-row product
+  // do (0.57 / 0.80 ns against 0.042 / 0.026 on one EPYC thread), so parallel_rows' bound
   // keeps a decode step's few rows on this thread and splits a prefill's.
   parallel_rows(p.m, (long)p.m * p.k * 16, [=](int lo, int hi) {
     for (int m = lo; m < hi; ++m)

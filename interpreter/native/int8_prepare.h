@@ -13,6 +13,8 @@
 namespace mlxgraph_native {
 
 typedef int8_t v16c __attribute__((vector_size(16)));
+typedef int8_t v8c __attribute__((vector_size(8)));
+typedef int64_t v8l __attribute__((vector_size(64)));
 
 // Weights per chunk at ``bits``.
 constexpr int weights_per_chunk(int bits) { return CHUNK * 8 / bits; }
@@ -64,6 +66,13 @@ inline void store16(int8_t* out, v16i v) {
   std::memcpy(out, &c, sizeof(c));
 }
 
+// The low bytes of 8 int64 lanes: a pair of int32 values as one lane, the even value in its
+// low half, the odd one in its high half (GCC 12 scalarizes a two-vector shuffle).
+inline void store8(int8_t* out, v8l v) {
+  const v8c c = __builtin_convertvector(v, v8c);
+  std::memcpy(out, &c, sizeof(c));
+}
+
 // Row x of length k as the kernel's chunks meet it: xq [chunks][weights per chunk] (at 4
 // bits per chunk its 64 even values, then its 64 odd ones), xd [chunks][16] each lane's
 // scale, xsum [k / group_size] the per-group float32 sums (summed in order, as the exact
@@ -75,7 +84,6 @@ inline bool prepare_row(const float* x, int k, int group_size, int8_t* xq, float
   const int chunks = (k + WPC - 1) / WPC;
   std::memset(xq + (size_t)(chunks - 1) * WPC, 0, WPC);
   std::memset(xd + (size_t)(chunks - 1) * LANES16, 0, LANES16 * sizeof(float));
-  const v16i even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
   bool finite = true;
   float total = 0;
   for (int blk = 0; blk < k / XBLOCK; ++blk) {
@@ -89,8 +97,13 @@ inline bool prepare_row(const float* x, int k, int group_size, int8_t* xq, float
       store16(out + XBLOCK * b, lo);
       store16(out + XBLOCK * b + 16, hi);
     } else {
-      store16(out + 16 * b, __builtin_shuffle(lo, hi, even));
-      store16(out + WPC / 2 + 16 * b, __builtin_shuffle(lo, hi, even + 1));
+      v8l pairs[2];
+      std::memcpy(&pairs[0], &lo, sizeof(lo));
+      std::memcpy(&pairs[1], &hi, sizeof(hi));
+      for (int h = 0; h < 2; ++h) {
+        store8(out + 16 * b + 8 * h, pairs[h]);
+        store8(out + WPC / 2 + 16 * b + 8 * h, pairs[h] >> 32);
+      }
     }
     float* lanes = xd + (size_t)(blk / BPC) * LANES16 + b * LPB;
     for (int j = 0; j < LPB; ++j) lanes[j] = scale;
