@@ -23,7 +23,7 @@
 // x scale.
 #pragma once
 
-#include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -234,7 +234,8 @@ inline const std::vector<Int8Level>& int8_levels() {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512vnni"))
       out.push_back({"avx512-vnni", int8_rows_vnni, prepare_row_vnni});
-    if (__builtin_cpu_supports("x86-64-v3")) out.push_back({"avx2", int8_rows_avx2, prepare_row_avx2});
+    if (__builtin_cpu_supports("x86-64-v3"))
+      out.push_back({"avx2", int8_rows_avx2, prepare_row_avx2});
 #endif
     out.push_back({"generic", int8_rows_generic, prepare_row_generic});
     return out;

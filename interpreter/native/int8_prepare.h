@@ -1,8 +1,9 @@
 // x rounded to int8 for the int8 kernel (int8_kernel.h), one row at a time, in GCC's generic
 // vectors that each instruction-set level compiles with its own target (int8_levels()):
 // per block of 32 values the scale d = max|x| / 127 and q = rint(x / d), the same values,
-// bit for bit, as the scalar loop this replaced (a libm rint and a division per value were
-// ~5% of a decode step, on one thread before each product).
+// bit for bit, as the scalar loop this replaced (a libm rint and a scalar division per
+// value, on one thread before each product: ~0.4 ms of the small Llama's q8 decode step of
+// ~9, ~0.8 ms of q4's ~6).
 #pragma once
 
 #include <cstdint>
@@ -67,7 +68,8 @@ inline void store16(int8_t* out, v16i v) {
 }
 
 // The low bytes of 8 int64 lanes: a pair of int32 values as one lane, the even value in its
-// low half, the odd one in its high half (GCC 12 scalarizes a two-vector shuffle).
+// low half, the odd one in its high half on a little-endian CPU (x86-64, arm64); GCC 12
+// scalarizes the two-vector shuffle that would say it directly.
 inline void store8(int8_t* out, v8l v) {
   const v8c c = __builtin_convertvector(v, v8c);
   std::memcpy(out, &c, sizeof(c));
