@@ -161,28 +161,16 @@ inline void int8_tile_rows(const Int8Problem& p, int r0, const float* s, const f
 // work no longer hides the loads); at 4 bits the tile of 4 measured no slower.
 template <class S, int BITS, bool SPLIT, bool HALF_SCALES>
 inline void int8_rows(const Int8Problem& p, int lo, int hi) {
-  const size_t groups = p.k / p.group_size;
-  thread_local std::vector<float> wide;
-  if (HALF_SCALES && wide.size() < 2 * TILE * groups) wide.resize(2 * TILE * groups);
-  for (int r0 = lo; r0 < hi; r0 += TILE) {
-    const int rows = std::min(TILE, hi - r0);
-    const float *s, *b;
-    if constexpr (HALF_SCALES) {
-      const size_t at = r0 * groups, count = rows * groups;
-      S::widen_half(static_cast<const uint16_t*>(p.scales) + at, wide.data(), count);
-      S::widen_half(static_cast<const uint16_t*>(p.biases) + at, wide.data() + count, count);
-      s = wide.data(), b = wide.data() + count;
-    } else {
-      s = static_cast<const float*>(p.scales) + r0 * groups;
-      b = static_cast<const float*>(p.biases) + r0 * groups;
-    }
-    if (rows == TILE && !(BITS == 8 && p.m == 1)) {
-      int8_tile_rows<S, BITS, SPLIT, TILE>(p, r0, s, b, groups);
-    } else {
-      for (int r = 0; r < rows; ++r)
-        int8_tile_rows<S, BITS, SPLIT, 1>(p, r0 + r, s + r * groups, b + r * groups, groups);
-    }
-  }
+  tiles_with_scales<S, HALF_SCALES>(
+      p, lo, hi, [&p](int r0, int rows, const float* s, const float* b, size_t groups) {
+        if (rows == TILE && !(BITS == 8 && p.m == 1)) {
+          int8_tile_rows<S, BITS, SPLIT, TILE>(p, r0, s, b, groups);
+        } else {
+          for (int r = 0; r < rows; ++r)
+            int8_tile_rows<S, BITS, SPLIT, 1>(p, r0 + r, s + r * groups, b + r * groups,
+                                              groups);
+        }
+      });
 }
 
 template <class S, int BITS, bool SPLIT>
