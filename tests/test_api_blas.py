@@ -58,6 +58,30 @@ def test_load_after_mlx_warns_once_with_the_fix():
     assert "slower" in message and "mlxgraph.preload_blas()" in message
 
 
+def test_importing_mlx_after_mlxgraph_is_fast():
+    """`import mlxgraph` then `import mlx.core as mx` (a script's header) then load(): the
+    import hook preloaded before mlx, so nothing warns."""
+    got = _run(_LOAD_TWICE.format(first="import mlxgraph, mlx.core", graph=GRAPH))
+    assert got["warnings"] == []
+    assert got["blas"]["preloaded"] or "no optimised CBLAS" in got["blas"]["detail"]
+
+
+def test_the_import_hook_leaves_a_bad_knob_to_load():
+    """An unrelated `import mlx` does not fail on a bad MLXGRAPH_* knob; load() says it."""
+    got = _run("""
+        import json, os
+        os.environ["MLXGRAPH_BLAS_THREADS"] = "many"
+        import mlxgraph
+        import mlx.core
+        try:
+            mlxgraph.load(%r)
+            print(json.dumps({"error": None}))
+        except mlxgraph.BlasError as e:
+            print(json.dumps({"error": str(e)}))
+    """ % GRAPH)
+    assert got["error"] and got["error"].startswith("MLXGRAPH_BLAS_THREADS=many")
+
+
 def test_preload_blas_is_public_and_idempotent():
     got = _run("""
         import json, mlxgraph
