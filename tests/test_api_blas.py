@@ -74,11 +74,11 @@ def test_the_import_hook_leaves_a_bad_knob_to_load():
         import mlxgraph
         import mlx.core
         try:
-            mlxgraph.load(GRAPH)
+            mlxgraph.load(PATH)
             print(json.dumps({"error": None}))
         except mlxgraph.BlasError as e:
             print(json.dumps({"error": str(e)}))
-    """.replace("GRAPH", repr(GRAPH)))
+    """.replace("PATH", repr(GRAPH)))
     assert got["error"] and got["error"].startswith("MLXGRAPH_BLAS_THREADS=many")
 
 
