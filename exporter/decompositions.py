@@ -39,25 +39,15 @@ node names differ, since the nodes the round trip made no longer take numbers
 
 import torch
 from torch.export import default_decompositions
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from mlxgraph.exporter.direct_decompositions import (
+    contiguous_for_every_value,
+    decompose_directly,
+)
 
 _LINEAR = torch.ops.aten.linear.default
 _SILU = torch.ops.aten.silu.default
 _CONSTANT_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
-
-
-def _contiguous(val) -> bool:
-    """Whether ``val``'s strides equal its contiguous strides for every value of its
-    symbols (a size-1 dim's stride is skipped only where the size is statically 1), as
-    TensorImpl's compute_contiguous would find them."""
-    expected = 1
-    for size, stride in reversed(tuple(zip(val.shape, val.stride()))):
-        if statically_known_true(size == 1):
-            continue
-        if not statically_known_true(stride == expected):
-            return False
-        expected = expected * size
-    return True
 
 
 def _tensor(arg):
@@ -78,7 +68,7 @@ def _linear_rebuilt(n, constants) -> bool:
     constant = w is not None and n.args[1].op == "placeholder" and n.args[1].name in constants
     return (constant and w.ndim == 2
             and (bias is None or (_tensor(bias) is not None and _tensor(bias).ndim == 1))
-            and x is not None and x.ndim >= 3 and _contiguous(x))
+            and x is not None and x.ndim >= 3 and contiguous_for_every_value(x))
 
 
 def _silu_rebuilt(n) -> bool:
@@ -108,6 +98,8 @@ def decompose_to_core_aten(ep):
     """``ep`` decomposed to core ATen, its linears and SiLUs whole where that changes
     nothing after fusion (the module docstring)."""
     if ops_kept_whole(ep):
+        if decompose_directly(ep):
+            return ep
         table = default_decompositions()
         del table[_LINEAR], table[_SILU]
         decomposed = ep.run_decompositions(table)

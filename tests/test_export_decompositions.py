@@ -70,31 +70,50 @@ def _without_names(path) -> dict:
     }
 
 
+def _record(monkeypatch) -> dict:
+    """Which paths decompose_to_core_aten takes: each ops_kept_whole and
+    decompose_directly result, in call order."""
+    calls = {"kept": [], "direct": []}
+    check, direct = decompositions.ops_kept_whole, decompositions.decompose_directly
+    monkeypatch.setattr(decompositions, "ops_kept_whole",
+                        lambda ep: calls["kept"].append(check(ep)) or calls["kept"][-1])
+    monkeypatch.setattr(decompositions, "decompose_directly",
+                        lambda ep: calls["direct"].append(direct(ep)) or calls["direct"][-1])
+    return calls
+
+
 @pytest.mark.parametrize("case", list(MODELS))
 def test_same_graph_as_the_default_table(case, tmp_path, monkeypatch):
-    kept = []
-    check = decompositions.ops_kept_whole
-    monkeypatch.setattr(decompositions, "ops_kept_whole",
-                        lambda ep: kept.append(check(ep)) or kept[-1])
+    calls = _record(monkeypatch)
     _export(case, tmp_path / "kept.mlxg")
     monkeypatch.setattr(pipeline, "decompose", _default_table)
     _export(case, tmp_path / "default.mlxg")
     kept_bytes, default_bytes = ((tmp_path / f).read_bytes() for f in ("kept.mlxg", "default.mlxg"))
-    if kept != [True, True]:
+    # [True]: rewritten directly; [True, True]: re-traced with linears and SiLUs kept
+    if calls["kept"] not in ([True], [True, True]):
         assert kept_bytes == default_bytes
     else:
         assert _without_names(tmp_path / "kept.mlxg") == _without_names(tmp_path / "default.mlxg")
 
 
-def test_a_llama_keeps_its_linears(tmp_path, monkeypatch):
-    """The case the module is for: tiny-llama's linears and SiLUs all stay whole (the test
-    above would pass vacuously if none ever did)."""
-    kept = []
-    check = decompositions.ops_kept_whole
-    monkeypatch.setattr(decompositions, "ops_kept_whole",
-                        lambda ep: kept.append(check(ep)) or kept[-1])
+def test_a_llama_is_decomposed_directly(tmp_path, monkeypatch):
+    """The case exporter/direct_decompositions.py is for: tiny-llama's program needs no
+    re-trace (the test above would pass vacuously if none ever took that path)."""
+    calls = _record(monkeypatch)
     export("tiny-llama", tmp_path / "m.mlxg", max_seq_len=MAX_T)
-    assert kept == [True, True]
+    assert calls == {"kept": [True], "direct": [True]}
+
+
+def test_a_llama_keeps_its_linears(tmp_path, monkeypatch):
+    """Without the direct rewrite, tiny-llama's linears and SiLUs all stay whole through
+    the re-trace, and the graph is the default table's."""
+    calls = _record(monkeypatch)
+    monkeypatch.setattr(decompositions, "decompose_directly", lambda ep: False)
+    export("tiny-llama", tmp_path / "kept.mlxg", max_seq_len=MAX_T)
+    assert calls["kept"] == [True, True]
+    monkeypatch.setattr(pipeline, "decompose", _default_table)
+    export("tiny-llama", tmp_path / "default.mlxg", max_seq_len=MAX_T)
+    assert _without_names(tmp_path / "kept.mlxg") == _without_names(tmp_path / "default.mlxg")
 
 
 def test_a_linear_that_fails_after_decomposing_goes_back_to_the_default_table(tmp_path,
@@ -110,6 +129,7 @@ def test_a_linear_that_fails_after_decomposing_goes_back_to_the_default_table(tm
         return len(calls) == 1 or check(ep)
 
     monkeypatch.setattr(decompositions, "ops_kept_whole", first_passes)
+    monkeypatch.setattr(decompositions, "decompose_directly", lambda ep: False)  # re-traced
     _export(case, tmp_path / "again.mlxg")
     assert len(calls) == 2 and not check(calls[1])
     monkeypatch.setattr(pipeline, "decompose", _default_table)
