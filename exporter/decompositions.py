@@ -31,7 +31,9 @@ the kept linear needs), which a view of the input mutated later could do too.
 Every linear and SiLU of the traced program must qualify, or the default table decomposes
 it all. The conditions are checked again on the decomposed program (its values are what
 decided what the ops would have become), which goes back to the default table if any
-fails.
+fails. A qualifying program whose other ops need only local rewrites skips the re-trace
+altogether (exporter/direct_decompositions.py: its values are the traced ones, so the
+conditions hold as checked).
 The graph is then the default table's node for node, constant for constant; only fx's
 node names differ, since the nodes the round trip made no longer take numbers
 (tests/test_export_decompositions.py exports the tiny models both ways).
@@ -96,7 +98,8 @@ def ops_kept_whole(ep) -> bool:
 
 def decompose_to_core_aten(ep):
     """``ep`` decomposed to core ATen, its linears and SiLUs whole where that changes
-    nothing after fusion (the module docstring)."""
+    nothing after fusion (the module docstring); ``ep`` itself, rewritten in place, where
+    no re-trace is needed (exporter/direct_decompositions.py)."""
     if ops_kept_whole(ep):
         if decompose_directly(ep):
             return ep
