@@ -30,6 +30,7 @@ from mlxgraph.exporter.model_support import check_model
 from mlxgraph.exporter.packed_weights import keep_packed
 from mlxgraph.exporter.position_hooks import positions_from_step_length
 from mlxgraph.exporter.quantize import QuantizeRecipe, quantize_graph
+from mlxgraph.exporter.resident_pages import ResidentPages
 from mlxgraph.exporter.state_adapter import unrouted_scan
 from mlxgraph.exporter.tokenizer_source import read_tokenizer, tokenizer_source
 from mlxgraph.exporter.trace_scope import ModuleScope, torch_reason
@@ -217,12 +218,16 @@ def export(
         e.model_type = e.model_type or str(getattr(m.config, "model_type", "") or "")
         raise
     writer.metadata = model_info(m, adapter, source, max_seq_len, dtype)
-    refusal = None if allow_nonfinite else nonfinite_weights(writer)
+    # Quantizing replaces the float weights: the pages of each are given back once read
+    # (exporter/resident_pages.py), so they are never all resident at once. Exported as
+    # they are, they are all read again at write, so there is nothing to give back.
+    pages = ResidentPages() if quantize is not None else None
+    refusal = None if allow_nonfinite else nonfinite_weights(writer, pages)
     if refusal:
         raise ExportError(refusal)
     quantized = None
     if quantize is not None:
-        quantized = step("quantizing", lambda: quantize_graph(writer, quantize))
+        quantized = step("quantizing", lambda: quantize_graph(writer, quantize, pages))
     elif packed:
         quantized = step("storing packed weights", lambda: keep_packed(writer, packed, dtype))
     try:

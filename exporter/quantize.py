@@ -218,7 +218,7 @@ def _why_float(recipe: QuantizeRecipe, module: str, token_table: bool) -> str:
     return "--quantize-embedding float" if token_table else "--quantize-lm-head float"
 
 
-def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
+def quantize_graph(writer, recipe: QuantizeRecipe, pages=None) -> dict:
     """Rewrite ``writer``'s Linear and Embedding nodes of constant float weights in place.
 
     Only the token embedding (the table the ``tokens`` input indexes) takes the recipe's
@@ -226,7 +226,8 @@ def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
     than two axes (expert weights) becomes a QuantizedEmbedding of its flattened rows and a
     Reshape (exporter/quantize_tables.py). A weight that cannot be quantized exactly (a
     row length no multiple of the group size) stays in float; every float weight left is
-    listed with why. Float constants no longer read by any node are dropped.
+    listed with why. Float constants no longer read by any node are dropped. ``pages``: a
+    resident_pages.ResidentPages given back each float weight's pages once quantized.
 
     Returns:
         the record stored in metadata extra["quantization"] (also returned for stats).
@@ -274,6 +275,8 @@ def quantize_graph(writer, recipe: QuantizeRecipe) -> dict:
                 ranges = group_ranges(w, recipe.group_size)  # (read once for both)
                 packed, scales, biases = quantize_weight(
                     w, bits, recipe.group_size, _scales_dtype(w, bits, recipe, ranges), ranges)
+            if pages is not None:
+                pages.release(constants[slot])
             if w.dtype == torch.float32:
                 scale_counts[str(scales.dtype).removeprefix("torch.")] += 1
             quantized[key] = (
