@@ -220,8 +220,10 @@ def export(
     writer.metadata = model_info(m, adapter, source, max_seq_len, dtype)
     # Quantizing replaces the float weights: the pages of each are given back once read
     # (exporter/resident_pages.py), so they are never all resident at once. Exported as
-    # they are, they are all read again at write, so there is nothing to give back.
-    pages = ResidentPages() if quantize is not None else None
+    # they are, they are all read again at write, so there is nothing to give back; and a
+    # module given is the caller's, whose other threads could write to its weights.
+    loaded_here = not isinstance(model, torch.nn.Module)
+    pages = ResidentPages() if quantize is not None and loaded_here else None
     refusal = None if allow_nonfinite else nonfinite_weights(writer, pages)
     if refusal:
         raise ExportError(refusal)
