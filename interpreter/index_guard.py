@@ -88,6 +88,13 @@ class PendingChecks:
         """The flags not read yet (arrays), which a step built now depends on."""
         return [f for _, _, flags in self._steps for _, f in flags]
 
+    def rebind(self, handle) -> list:
+        """Keep ``handle(flag)`` for each flag instead (session/lock.py: a step's outputs are
+        poisoned by the flags themselves); returns the new flags."""
+        self._steps = deque((start, n, [(what, handle(f)) for what, f in flags])
+                            for start, n, flags in self._steps)
+        return self.unread()
+
     def clear(self) -> None:
         """Forget every pending flag (the history they guard is gone)."""
         self._steps.clear()

@@ -103,13 +103,12 @@ def _step_locked(program, rows, observer) -> list:
     if len(program.checked_shapes) < 4096:
         program.checked_shapes.add(shapes)
     outputs = {name: tensors[slot] for name, slot in program.outputs.items()}
-    # What the sessions keep is queued now, inside their locks (see session_lock.py).
-    first._lock.schedule([a for s, _, _ in rows for a in s.cache_state()]
-                         + [f for _, f in flags if isinstance(f, mx.array)]
-                         + [x for _, f in flags if isinstance(f, tuple) for x in f]
-                         + [flag for _, _, flag in packed if flag is not None])
-    return [_row_result(program, outputs, s, sp, flag, [(node, f[i]) for node, f in flags])
-            for i, ((s, _, _), sp, (_, _, flag)) in enumerate(zip(rows, spans, packed))]
+    results = [_row_result(program, outputs, s, sp, flag, [(node, f[i]) for node, f in flags])
+               for i, ((s, _, _), sp, (_, _, flag)) in enumerate(zip(rows, spans, packed))]
+    # What the sessions keep (handles of what the outputs read) is queued now, inside their
+    # locks (session/lock.py).
+    first._lock.schedule([a for s, _, _ in rows for a in s._rehandle()])
+    return results
 
 
 def _most_tokens(program):

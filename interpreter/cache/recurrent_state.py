@@ -170,6 +170,13 @@ class RecurrentState(ForksOnCopy):
         twin.__dict__.update(self.__dict__)
         return twin
 
+    def rebind(self, handle) -> list:
+        """Keep ``handle(array)`` for the state and each snapshot instead (session/lock.py: a
+        step's outputs read the state and the newest snapshot, a fork all); returns them."""
+        self._state = handle(self._state)
+        self._snapshots = [(p, handle(s)) for p, s in self._snapshots]
+        return [a for a in (self._state, *(s for _, s in self._snapshots)) if a is not None]
+
     def describe(self) -> dict:
         """What the store holds (JSON-ready), beside the KV stores' ``describe``."""
         state = self._state

@@ -86,6 +86,12 @@ class StoreState(ForksOnCopy):
         twin.__dict__.update(self.__dict__)
         return twin
 
+    def rebind(self, handle) -> list:
+        """Keep ``handle(buffer)`` for each committed buffer instead (session/lock.py: never
+        an array a step's outputs read or another session holds); returns them."""
+        self._keys, self._values = handle(self._keys), handle(self._values)
+        return list(self.state)
+
     def describe(self) -> dict:
         """What the store holds: kind, positions, window, storage and bytes (JSON-ready)."""
         codec = self._codec

@@ -20,6 +20,7 @@ import numpy as np
 from mlxgraph.interpreter.cache.kv_cache import CacheError
 from mlxgraph.interpreter.errors import GraphRuntimeError, PipelineError, SessionError
 from mlxgraph.interpreter.node_runner import last_position
+from mlxgraph.interpreter.session.lock import handle
 from mlxgraph.interpreter.session.options import window_per_layer
 from mlxgraph.interpreter.session.session import Session
 from mlxgraph.interpreter.session.step_inputs import bind_inputs, checked_tokens, host_positions
@@ -93,6 +94,8 @@ class PipelineSession(Session):
         with self._exclusive():
             self._agree_or_raise((_FORK, self._length, 0, 0), None)
             stores, length = {lid: s.fork() for lid, s in self.stores.items()}, self._length
+            # The twin holds handles of this session's arrays, not the arrays (session/lock.py).
+            self._lock.schedule([a for s in stores.values() for a in s.rebind(handle)])
         twin = type(self)(self.program, **{**self._options, "windows": self._asked_windows})
         twin.capacity_reason = self.capacity_reason
         twin.adopt_stores(stores, length)

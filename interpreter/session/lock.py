@@ -1,4 +1,4 @@
-"""One call at a time on a session, from any thread, and no evaluation raced by another.
+"""One call at a time on a session, from any thread, and no MLX array touched by two threads.
 
 The lock is taken without waiting: a second thread gets a clear SessionError instead of
 blocking or interleaving with a running call.
@@ -9,11 +9,17 @@ from two threads at once (it crashes: SIGSEGV in a kernel). So before a step ret
 arrays the session keeps (the KV cache, the index-check flags) are handed to
 ``mx.async_eval`` (``schedule``) on the stepping thread: from then on no thread evaluates
 them again, every later evaluation only waits for them (on any thread: MLX waits for an
-array another stream computes through its event, even after that thread has ended). The
-step's own outputs are the caller's; what the session builds next only reads the cache,
-so a caller evaluating them can race nothing the session touches. The cost is one
-``async_eval`` call per step (the graph's traversal is shared with the caller's
-evaluation, which then finds the cache part already queued).
+array another stream computes through its event, even after that thread has ended).
+
+Waiting is not read-only either: MLX clears an array's event when a wait finds it
+signalled (``array::wait``, and every evaluation whose graph reads the array), without a
+lock, so two threads waiting on one array race (one tests the event, the other clears it,
+the first locks a null mutex: SIGSEGV in ``Event::is_signaled``). So the session never
+holds an MLX array that anything outside it holds: a step's outputs read the cache and
+flags it keeps, so it keeps ``handle``s of them instead (new arrays of the same values,
+no copy), and a fork or ``cache_state`` hands out handles of its arrays; every handle is
+queued before the call returns. The caller's graph and the session then share values but
+no array, and each array is only ever waited on by its owner.
 """
 
 import threading
@@ -68,6 +74,15 @@ class SessionLock:
         """Queue the evaluation of what the session keeps (inside the call that built it)."""
         if arrays:
             mx.async_eval(arrays)
+
+
+def handle(array):
+    """A new MLX array of ``array``'s value (it shares the buffer: no copy), None for None.
+
+    Queued (``schedule``) inside the lock, it no longer refers to ``array`` itself, so
+    whoever holds ``array`` and whoever holds the handle wait on different arrays.
+    """
+    return None if array is None else mx.stop_gradient(array)
 
 
 class _Held:

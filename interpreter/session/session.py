@@ -18,7 +18,7 @@ from mlxgraph.interpreter.index_guard import PendingChecks, failed_check_error, 
 from mlxgraph.interpreter.mlx_dtypes import to_mx_dtype
 from mlxgraph.interpreter.node_runner import last_position, run_nodes
 from mlxgraph.interpreter.session.capacity import AS_ASKED, default_capacity
-from mlxgraph.interpreter.session.lock import SessionLock
+from mlxgraph.interpreter.session.lock import SessionLock, handle
 from mlxgraph.interpreter.session.options import (
     check_preallocation,
     count_option,
@@ -61,8 +61,9 @@ class Session(SessionState):
             besides 0 (docs/session-state.md#recurrent-state).
     A session may be used from any thread, one call at a time: a step, trim or reset
     while another thread is inside one raises SessionError (nothing changes). A step
-    queues the evaluation of the cache it leaves (session_lock.py), so its outputs may be
-    evaluated on its thread while other threads use the session.
+    queues the evaluation of the cache it leaves and keeps handles of its own
+    (session/lock.py), so its outputs may be evaluated on its thread while other threads
+    use the session.
 
     Raises:
         SessionError: a bad override (capacity or max_step not an int in [1, 2**31 - 1],
@@ -123,8 +124,28 @@ class Session(SessionState):
 
     def cache_state(self) -> list:
         """The arrays that hold the KV cache now, e.g. to evaluate after a prefill chunk
-        (``mx.eval(*session.cache_state())``) without computing that chunk's logits."""
+        (``mx.eval(*session.cache_state())``) without computing that chunk's logits.
+
+        They are the caller's: handles of the session's own arrays (the same values, no
+        copy), so evaluating them never races another thread's call (session/lock.py).
+
+        Raises:
+            SessionError: another thread is inside a call on this session.
+        """
+        with self._exclusive():
+            arrays = [handle(a) for a in self._cache_arrays()]
+            self._lock.schedule(arrays)
+            return arrays
+
+    def _cache_arrays(self) -> list:
         return [a for store in self.stores.values() for a in store.state]
+
+    def _rehandle(self) -> list:
+        """Keep handles of every array the session holds instead of the arrays, which the
+        step's outputs read (session/lock.py); returns the handles, to be queued before
+        the lock is released."""
+        kept = [a for store in self.stores.values() for a in store.rebind(handle)]
+        return kept + self._pending.rebind(handle)
 
     def reset(self) -> None:
         """Forget all history.
@@ -132,7 +153,7 @@ class Session(SessionState):
         Raises:
             SessionError: another thread is inside a call on this session.
         """
-        with self._lock.hold(self.cache_state, settle=False):  # nothing kept to wait for
+        with self._lock.hold(self._cache_arrays, settle=False):  # nothing kept to wait for
             self._reset()
 
     def _reset(self) -> None:
@@ -232,7 +253,7 @@ class Session(SessionState):
 
     def _exclusive(self):
         """The session's lock for one call (session_lock.py): one call at a time, any thread."""
-        return self._lock.hold(self.cache_state)
+        return self._lock.hold(self._cache_arrays)
 
     def check(self) -> None:
         """Read back every pending index check now (evaluating what it needs). Raises
@@ -291,7 +312,8 @@ class Session(SessionState):
             outs = poison(outs, bad)
         self._pending.add(self._length, n_new, flags)
         self._length += n_new
-        self._lock.schedule(self.cache_state() + own)
+        # The outputs read the committed buffers and the flags: the session keeps handles.
+        self._lock.schedule(self._rehandle())
         return next(iter(outs.values())) if len(outs) == 1 else outs
 
     def _run(self, tensors, values, observer, flags, check_sizes, last_row=0) -> bool:

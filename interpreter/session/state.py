@@ -8,6 +8,7 @@ and ``_exclusive()`` (the session's one-call-at-a-time lock).
 from __future__ import annotations
 
 from mlxgraph.interpreter.session.fork_protocol import ForksOnCopy
+from mlxgraph.interpreter.session.lock import handle
 
 
 class SessionState(ForksOnCopy):
@@ -30,6 +31,9 @@ class SessionState(ForksOnCopy):
         with self._exclusive():
             stores, length = {lid: store.fork() for lid, store in self.stores.items()}, self._length
             pending = self._pending.copy()  # a bad lazy token in the history fails both
+            # The twin holds handles of this session's arrays, not the arrays (lock.py).
+            self._lock.schedule([a for store in stores.values() for a in store.rebind(handle)]
+                                + pending.rebind(handle))
         twin = type(self)(self.program, **self._options)
         twin.capacity_reason = self.capacity_reason
         twin.adopt_stores(stores, length)
@@ -124,7 +128,8 @@ class SessionState(ForksOnCopy):
         for lid, state in states.items():
             self.stores[lid].load_snapshot(state)
         self._length = length
-        self._lock.schedule(self.cache_state())  # any thread may continue (session_lock.py)
+        # Any thread may continue, and the snapshots' arrays are not the session's (lock.py).
+        self._lock.schedule(self._rehandle())
 
     def adopt_stores(self, stores: dict, length: int) -> None:
         """Take over ``stores`` (e.g. forks) and the length."""
