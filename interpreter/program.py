@@ -138,6 +138,11 @@ class Program:
                     a = a.view(want)  # bfloat16 is stored as its uint16 bit pattern
                 if tensor_dtypes[c.tensor] != want:
                     a = a.astype(tensor_dtypes[c.tensor])
+                # Computed now (a view or cast is lazy; one at a time, so the source goes at
+                # once): every session and thread reads the constants, and an array first
+                # queued by one thread's mx.async_eval carries an event that concurrent
+                # waits race on (session/lock.py).
+                mx.eval(a)
                 constants[c.tensor] = a
         finally:
             graph.close()

@@ -11,6 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from state_graphs import build_state_graph
+from synthetic_graphs import llama
 from tiny_graph import build_tiny_graph
 
 import mlxgraph
@@ -79,3 +80,15 @@ def test_a_batched_steps_outputs_hold_no_array_of_its_sessions(program, tmp_path
     outs = program.step_batch([(a, mx.array([[1]]), [0]), (b, mx.array([[2, 3]]), [0, 1])])
     assert _shared(outs + _kept(b), _kept(a), tmp_path) == []
     assert _shared(outs, _kept(b), tmp_path) == []
+
+
+def test_a_programs_constants_are_computed_at_load(tmp_path):
+    """Widened weights are lazy casts: computed at load, never first queued by one
+    thread's step and then waited on by every other's."""
+    path = tmp_path / "f16.mlxg"
+    llama(dtype="float16").write(path)
+    program = mlxgraph.load(path, compute_dtype="float32")
+    assert program.widened_from == ("float16",)
+    dot = tmp_path / "constants.dot"
+    mx.export_to_dot(str(dot), **{f"c{i}": c for i, c in enumerate(program.constants.values())})
+    assert "->" not in dot.read_text()
