@@ -212,7 +212,9 @@ class Program:
                 chunks may mix) and positions ``length .. length + T_i - 1``.
             observer: as for ``Session.step`` (it sees the packed step).
         Returns:
-            Each row's output (``logits`` [1, T_i, vocab], or a dict), lazy, in row order.
+            Each row's output (``logits`` [1, T_i, vocab], or a dict), in row order, already
+            queued (``mx.async_eval``): each row is an array of its own, so rows may be
+            evaluated on different threads.
         Raises:
             SessionError: a bad row, a session in use, a row rejected (as ``step`` would
                 reject it), or a graph that cannot batch (``batching.problem``).

@@ -106,8 +106,11 @@ def _step_locked(program, rows, observer) -> list:
     results = [_row_result(program, outputs, s, sp, flag, [(node, f[i]) for node, f in flags])
                for i, ((s, _, _), sp, (_, _, flag)) in enumerate(zip(rows, spans, packed))]
     # What the sessions keep (handles of what the outputs read) is queued now, inside their
-    # locks (session/lock.py).
-    first._lock.schedule([a for s, _, _ in rows for a in s._rehandle()])
+    # locks (session/lock.py), and so is every row's output: the rows are cuts of one packed
+    # graph, and two threads evaluating two rows would otherwise both wait on its arrays
+    # (SIGSEGV inside MLX); queued, each row is an array of its own to wait on.
+    outs = [a for r in results for a in (r.values() if isinstance(r, dict) else (r,))]
+    first._lock.schedule([a for s, _, _ in rows for a in s._rehandle()] + outs)
     return results
 
 
