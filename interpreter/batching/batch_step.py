@@ -110,7 +110,7 @@ def _step_locked(program, rows, observer) -> list:
     # graph, and two threads evaluating two rows would otherwise both wait on its arrays
     # (SIGSEGV inside MLX); queued, each row is an array of its own to wait on.
     outs = [a for r in results for a in (r.values() if isinstance(r, dict) else (r,))]
-    first._lock.schedule([a for s, _, _ in rows for a in s._rehandle()] + outs)
+    first._lock.schedule([a for s, _, _ in rows for a in s._rehandle(after_step=True)] + outs)
     return results
 
 

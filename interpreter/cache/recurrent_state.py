@@ -170,12 +170,16 @@ class RecurrentState(ForksOnCopy):
         twin.__dict__.update(self.__dict__)
         return twin
 
-    def rebind(self, handle) -> list:
-        """Keep ``handle(array)`` for the state and each snapshot instead (session/lock.py: a
-        step's outputs read the state and the newest snapshot, a fork all); returns them."""
+    def rebind(self, handle, after_step: bool = False) -> list:
+        """Keep ``handle(array)`` for the state and each snapshot instead (session/lock.py);
+        returns the new arrays. ``after_step``: only what a step's outputs read, the state
+        and the newest snapshot (the state before it): older snapshots were handled by the
+        step that made them newest and are the store's alone; a fork or a restore needs all."""
         self._state = handle(self._state)
-        self._snapshots = [(p, handle(s)) for p, s in self._snapshots]
-        return [a for a in (self._state, *(s for _, s in self._snapshots)) if a is not None]
+        older = len(self._snapshots) - 1 if after_step else 0
+        fresh = [(p, handle(s)) for p, s in self._snapshots[older:]]
+        self._snapshots = [*self._snapshots[:older], *fresh]
+        return [a for a in (self._state, *(s for _, s in fresh)) if a is not None]
 
     def describe(self) -> dict:
         """What the store holds (JSON-ready), beside the KV stores' ``describe``."""

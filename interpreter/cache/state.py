@@ -86,9 +86,10 @@ class StoreState(ForksOnCopy):
         twin.__dict__.update(self.__dict__)
         return twin
 
-    def rebind(self, handle) -> list:
+    def rebind(self, handle, after_step: bool = False) -> list:
         """Keep ``handle(buffer)`` for each committed buffer instead (session/lock.py: never
-        an array a step's outputs read or another session holds); returns them."""
+        an array a step's outputs read or another session holds); returns them. A step reads
+        both buffers, so ``after_step`` (RecurrentState's) changes nothing here."""
         self._keys, self._values = handle(self._keys), handle(self._values)
         return list(self.state)
 

@@ -140,11 +140,12 @@ class Session(SessionState):
     def _cache_arrays(self) -> list:
         return [a for store in self.stores.values() for a in store.state]
 
-    def _rehandle(self) -> list:
+    def _rehandle(self, after_step: bool = False) -> list:
         """Keep handles of every array the session holds instead of the arrays, which the
         step's outputs read (session/lock.py); returns the handles, to be queued before
-        the lock is released."""
-        kept = [a for store in self.stores.values() for a in store.rebind(handle)]
+        the lock is released. ``after_step``: only what the step just read (a recurrent
+        store's older snapshots are already the session's alone)."""
+        kept = [a for store in self.stores.values() for a in store.rebind(handle, after_step)]
         return kept + self._pending.rebind(handle)
 
     def reset(self) -> None:
@@ -313,7 +314,7 @@ class Session(SessionState):
         self._pending.add(self._length, n_new, flags)
         self._length += n_new
         # The outputs read the committed buffers and the flags: the session keeps handles.
-        self._lock.schedule(self._rehandle())
+        self._lock.schedule(self._rehandle(after_step=True))
         return next(iter(outs.values())) if len(outs) == 1 else outs
 
     def _run(self, tensors, values, observer, flags, check_sizes, last_row=0) -> bool:
