@@ -56,7 +56,9 @@ def _row_flags(bad, spans, tok) -> tuple:
 
 def poison(outputs: dict, flags: list) -> dict:
     """Floating outputs replaced by NaN where a flag is set (lazily: nothing is evaluated)."""
-    bad = flags[0] if len(flags) == 1 else mx.any(mx.stack(flags))
+    bad = flags[0]
+    for flag in flags[1:]:  # one node per flag (a stack and a reduction cost more)
+        bad = mx.logical_or(bad, flag)
     out = {}
     for name, arr in outputs.items():
         if isinstance(arr, mx.array) and mx.issubdtype(arr.dtype, mx.floating):

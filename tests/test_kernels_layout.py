@@ -33,6 +33,15 @@ def test_reshape_permute_expand():
         call("Reshape", x=x, shape=[mx.array(4), -1])
     with pytest.raises(ValueError, match="new leading axis"):
         call("Expand", x=x1, shape=[-1, 3, 1])
+    # Permute hands perm to MLX as is: its errors are still the kernel's.
+    with pytest.raises(IndexError, match="Permute: axis 3 out of range for a tensor of rank 3"):
+        call("Permute", x=x, perm=[0, 3, 1])
+    with pytest.raises(IndexError, match="Permute: axis -4 out of range"):
+        call("Permute", x=x, perm=[-4, 0, 1])
+    with pytest.raises(ValueError):
+        call("Permute", x=x, perm=[0, 0, 1])
+    with pytest.raises(ValueError):
+        call("Permute", x=x, perm=[0, 1])
 
 
 SLICES = [(0, 5, 1), (1, 2**63 - 1, 1), (-3, 2**63 - 1, 1), (-100, 3, 1), (2, -1, 2), (5, 2, 1),

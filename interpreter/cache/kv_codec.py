@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from mlxgraph.interpreter.dequantize import dequantize
+
 QUANT_BITS = (4, 8)
 QUANT_GROUP_SIZES = (32, 64, 128)
 
@@ -58,7 +60,7 @@ class QuantizedCodec:
     def decode(self, rows: mx.array, which: int, compute: mx.Dtype) -> mx.array:
         """Packed rows back to ``[..., D]`` floats in the compute dtype."""
         codes, scales, biases = unpack(rows, self.dims[which], self.bits, self.group_size)
-        out = mx.dequantize(codes, scales, biases, group_size=self.group_size, bits=self.bits)
+        out = dequantize(codes, scales, biases, self.group_size, self.bits)
         return out if out.dtype == compute else out.astype(compute)
 
 

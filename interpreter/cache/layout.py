@@ -36,8 +36,9 @@ def write_slots(buf: mx.array, seq: mx.array, first_pos: int, modulus: int) -> m
     # A fresh handle on the same lazy array: the setitem below rebinds only this handle,
     # so `buf` (still owned by the store until commit) is untouched. Once the store
     # drops `buf` at commit, only the graph references it and MLX donates its memory
-    # to the update: the write costs O(n), not O(A).
-    out = mx.array(buf)
+    # to the update: the write costs O(n), not O(A). A reshape to its own shape is that
+    # handle without a graph node (``mx.array(buf)`` adds a cast node to every write).
+    out = buf.reshape(buf.shape)
     if first == n:  # the common case: no wrap, no extra slicing of seq
         out[:, :, start : start + n, :] = seq
     else:

@@ -27,7 +27,10 @@ def reshape(x, shape):
 @register("Permute")
 def permute(x, perm):
     """Axes of x reordered by ``perm`` (negative entries count from the end)."""
-    return mx.transpose(x, [_axis(p, x.ndim, "Permute") for p in perm])
+    try:
+        return mx.transpose(x, perm)  # MLX reads negative axes as _axis does
+    except (IndexError, ValueError):
+        return mx.transpose(x, [_axis(p, x.ndim, "Permute") for p in perm])  # our message
 
 
 @register("Expand")

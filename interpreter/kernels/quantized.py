@@ -11,6 +11,7 @@ output to its declared dtype."""
 
 import mlx.core as mx
 
+from mlxgraph.interpreter.dequantize import dequantize
 from mlxgraph.interpreter.kernels import register
 from mlxgraph.interpreter.native.quantized import (
     dequantize_eligible,
@@ -72,6 +73,5 @@ def quantized_embedding(weight, scales, biases, indices, group_size, bits):
     """The rows of W at ``indices``, dequantized: shape indices.shape + [in_features]."""
     flat = indices.reshape(-1)
     picked = (mx.take(a, flat, axis=0) for a in (scales, biases))
-    rows = mx.dequantize(mx.take(weight, flat, axis=0), *_widened(*picked),
-                         group_size=group_size, bits=bits)
+    rows = dequantize(mx.take(weight, flat, axis=0), *_widened(*picked), group_size, bits)
     return rows.reshape(*indices.shape, rows.shape[-1])

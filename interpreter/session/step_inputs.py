@@ -65,7 +65,8 @@ def host_positions(positions, length: int, fail) -> list:
     Raises:
         SessionError: not integers, empty, or not where the cache ends.
     """
-    if isinstance(positions, range):
+    if isinstance(positions, range) or (type(positions) is list
+                                        and all(type(p) is int for p in positions)):
         pos = list(positions)  # what generation loops pass: no numpy round trip
     else:
         if isinstance(positions, mx.array):
@@ -96,10 +97,7 @@ def bind_inputs(plan, given: dict, tensors: list, values: list, fail) -> tuple:
     for name, slot, dtype, dims in plan:
         if name not in given:
             raise fail(f"the graph needs input {name!r}; step() gives tokens and positions")
-        arr = given[name]
-        arr = arr if isinstance(arr, mx.array) else mx.array(np.asarray(arr))
-        if dtype is not None and arr.dtype != dtype:
-            arr = arr.astype(dtype)
+        arr = _as_array(given[name], dtype)
         if arr.ndim != len(dims):
             raise fail(f"input {name}: expected {len(dims)} dims, got shape {tuple(arr.shape)}")
         for axis, d in dims:
@@ -118,3 +116,18 @@ def bind_inputs(plan, given: dict, tensors: list, values: list, fail) -> tuple:
                 values[d.value] = size
         tensors[slot] = arr
     return tuple(sorted(bound.items()))
+
+
+_INT32 = (-2**31, 2**31 - 1)
+
+
+def _as_array(value, dtype):
+    """``value`` as an MLX array of ``dtype`` (None: its own). Host ints that int32 holds
+    (a step's positions, as host_positions leaves them) go straight in: numpy's int64 copy
+    and a cast node per step cost more than the rest of the binding."""
+    if (type(value) is list and value and dtype is mx.int32
+            and all(type(v) is int for v in value)
+            and _INT32[0] <= min(value) and max(value) <= _INT32[1]):
+        return mx.array(value, dtype=mx.int32)
+    arr = value if isinstance(value, mx.array) else mx.array(np.asarray(value))
+    return arr if dtype is None or arr.dtype == dtype else arr.astype(dtype)
