@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from golden_branches import format_1_3_branch
 from tiny_graph import split_heads
 
 from mlxgraph.schema.format import format_version
@@ -29,7 +30,9 @@ def build_sample(seed: int = 0, vocab: int = VOCAB) -> GraphWriter:
     Tensor and value slots, Operands of each kind, vector fields, enums, a tied constant,
     UpdateAndAttendNode with and without out_dtype, metadata with a layer cache; from
     format 1.1 on, attention sinks, logit softcapping and a chunked-attention layer; from
-    1.2 on, quantized weights (an 8-bit embedding feeding a 4-bit linear with a bias).
+    1.2 on, quantized weights (an 8-bit embedding feeding a 4-bit linear with a bias); from
+    1.3 on, recurrent state, latent attention, ALiBi and three elementwise ops
+    (tests/golden_branches.py).
     """
     rng = np.random.default_rng(seed)
     w = GraphWriter(producer="mlxgraph-golden")
@@ -130,15 +133,17 @@ def build_sample(seed: int = 0, vocab: int = VOCAB) -> GraphWriter:
     w.add_output("attn2", att2)   # 1.1: sinks and softcapping reach an output
     w.add_output("quantized", _quantized_branch(w, rng, tok, vocab, bias=w.add_constant(
         "qlin.bias", rng.standard_normal(HIDDEN).astype(np.float32))))  # 1.2
+    layers, states = format_1_3_branch(w, rng, tok, pos, t_val, vocab)  # 1.3
     w.metadata.architecture = "GoldenSample"
-    w.metadata.num_layers = 2
+    w.metadata.num_layers = 2 + len(layers) + len(states)
     w.metadata.vocab_size = vocab
     w.metadata.hidden_size = HIDDEN
     w.metadata.max_context = 64
     w.metadata.eos_token_ids = (2, 3)
     w.metadata.bos_token_id = 1
     w.metadata.layers = (LayerCacheInfo(0, KV_HEADS, D, D, 0, attention_chunk=4),
-                         LayerCacheInfo(1, KV_HEADS, D, D, 8))
+                         LayerCacheInfo(1, KV_HEADS, D, D, 8), *layers)
+    w.metadata.states = states
     w.metadata.tokenizer = "byte"
     w.metadata.extra = {"license": "test", "seed": str(seed)}
     return w
@@ -211,6 +216,7 @@ def expected_records(w: GraphWriter) -> dict:
             "bos_token_id": w.metadata.bos_token_id,
             "tokenizer": w.metadata.tokenizer,
             "layers": [list(lc.__dict__.values()) for lc in w.metadata.layers],
+            "states": [[s.layer_id, list(s.shape), s.dtype] for s in w.metadata.states],
             "extra": dict(w.metadata.extra),
         },
     }
@@ -228,20 +234,36 @@ def _json_lines(doc: dict) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
-# The step every golden file is run on (6 tokens: layer 0's chunk of 4 is crossed).
+# The step every golden file is run on (6 tokens: layer 0's chunk of 4 is crossed), and from
+# format 1.3 on a second step on the same session (what the caches and recurrent states
+# carried from the first must give).
 GOLDEN_TOKENS = [1, 2, 3, 4, 5, 6]
+GOLDEN_NEXT_TOKENS = [7, 8, 9]
+
+
+def golden_steps(session, doc: dict) -> list:
+    """[(tokens, outputs as numpy arrays)] of the steps ``doc`` (an outputs.json) records,
+    run in order on ``session``: the first, then "next" where the golden has it."""
+    steps, start = [], 0
+    for tokens in [doc["tokens"]] + ([doc["next"]["tokens"]] if "next" in doc else []):
+        out = session.step(np.array([tokens]), range(start, start + len(tokens)))
+        outs = out if isinstance(out, dict) else {"logits": out}
+        steps.append((tokens, {k: np.array(v) for k, v in outs.items()}))
+        start += len(tokens)
+    return steps
 
 
 def record_outputs(mlxg: Path) -> Path:
-    """Run ``mlxg`` on GOLDEN_TOKENS and write its outputs next to it (format-X.Y.outputs.json):
-    what every later mlxgraph must compute from that file."""
+    """Run ``mlxg`` on GOLDEN_TOKENS, then GOLDEN_NEXT_TOKENS, and write the outputs next to
+    it (format-X.Y.outputs.json): what every later mlxgraph must compute from that file."""
     import mlxgraph
 
     session = mlxgraph.load(mlxg).session(capacity=16)
-    out = session.step(np.array([GOLDEN_TOKENS]), range(len(GOLDEN_TOKENS)))
-    outs = out if isinstance(out, dict) else {"logits": out}
-    values = {k: np.array(v).astype(np.float64).tolist() for k, v in outs.items()}
-    doc = {"tokens": GOLDEN_TOKENS, "outputs": values}
+    plan = {"tokens": GOLDEN_TOKENS, "next": {"tokens": GOLDEN_NEXT_TOKENS}}
+    (_, first), (_, second) = golden_steps(session, plan)
+    as_lists = lambda outs: {k: v.astype(np.float64).tolist() for k, v in outs.items()}  # noqa: E731
+    doc = {"tokens": GOLDEN_TOKENS, "outputs": as_lists(first),
+           "next": {"tokens": GOLDEN_NEXT_TOKENS, "outputs": as_lists(second)}}
     path = mlxg.with_name(mlxg.name[:-len(".mlxg")] + ".outputs.json")
     path.write_text(json.dumps(doc) + "\n")
     return path
