@@ -170,6 +170,30 @@ def test_golden_files_exist():
     assert format_version() == BEING_MADE or f"format-{format_version()}.mlxg" in names
 
 
+# sha256 of every golden file: a released golden never changes (tests/make_golden.py refuses
+# to overwrite one); a new version's golden is pinned when it ships.
+GOLDEN_SHA256 = {
+    "format-1.0.json": "215b4ebce2a1e38b34c55abe0a1299cfa669ea740f6993097f4a400caa67c6f6",
+    "format-1.0.mlxg": "c8f7c198d6b8ea658980730f06ac03b6249644a33681a95e933de9846abfbc31",
+    "format-1.0.outputs.json": "1d53c4af4b4d4f1a8758176489943dbce02b4e5b56008b65513e01eae22cc659",
+    "format-1.1.json": "3115ef8bf7e888ab504399ad2164a34940001df950308d1e81614c410bc205e5",
+    "format-1.1.mlxg": "df2379bc2d0cecac7652e64ee3e0d0cc03f0012de49ea31c0276ba5b609ce32b",
+    "format-1.1.outputs.json": "015bdc5d2639c4f41c00cdaf7553105ff364d5c5b474ebf4ce1755844c24b4b0",
+    "format-1.2.json": "45c9c2ae02049c89a4e6a381bfc0b32dd85f0fd0ab17a936c0eed679f6542509",
+    "format-1.2.mlxg": "e5e9739d699e662135edc4a04688565a681ef54dfe450f488810f8d8d64fb6bc",
+    "format-1.2.outputs.json": "8a8e3bff06579bcbbd98ca920ed475acda56b8e2983e7ebd622b6cd88a66574d",
+    "format-1.3.json": "492cc83b916774ce2d3a6f9916bcabae116f88a950f0b830c7e053ea771b2dba",
+    "format-1.3.mlxg": "1858e3d839a4418b0332fca14ea160155066e9b89f1f874d4089255b110295d0",
+    "format-1.3.outputs.json": "bf01c32d2fd7c56571c28ef64920a4b0fc902645355b912742f1537507f94730",
+}
+
+
+def test_golden_files_are_pinned_and_unchanged():
+    folder = ROOT / "tests" / "golden"
+    got = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+    assert got == GOLDEN_SHA256, "a released golden file changed, or one is not pinned"
+
+
 @pytest.mark.parametrize("golden", GOLDEN, ids=[p.name for p in GOLDEN])
 def test_golden_file_opens_verifies_and_decodes(golden):
     want = _record(golden)
