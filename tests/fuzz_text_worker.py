@@ -103,7 +103,7 @@ def tokenizer_json(rng, docs) -> str:
         key = rng.choice(list(node) if isinstance(node, dict) else range(len(node)))
         roll = rng.random()
         if roll < 0.45:
-            node[key] = rng.choice(ODD)
+            node[key] = copy.deepcopy(rng.choice(ODD))  # shared, it could come to hold itself
         elif roll < 0.8:
             node[key] = _component(rng)
         elif isinstance(node, dict):
