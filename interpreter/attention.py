@@ -52,25 +52,22 @@ def attend(q: mx.array, keys: mx.array, values: mx.array, mask: Mask, scale: flo
     Raises:
         ValueError: shapes that do not fit together, or an unknown mask kind.
     """
-    if q.ndim != 4 or keys.ndim != 4 or values.ndim != 4:
-        raise ValueError(
-            f"attend: q, keys, values must be 4-D, got {q.shape}, {keys.shape}, {values.shape}"
-        )
-    b, hq, t, d = q.shape
-    bk, hkv, s, dk = keys.shape
-    if bk != b or values.shape[0] != b:
-        raise ValueError(
-            f"attend: batch mismatch: q {q.shape}, keys {keys.shape}, values {values.shape}"
-        )
-    if hkv == 0 or hq % hkv or values.shape[1] != hkv:
+    qs, ks, vs = q.shape, keys.shape, values.shape  # (each read builds a new tuple)
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
+        raise ValueError(f"attend: q, keys, values must be 4-D, got {qs}, {ks}, {vs}")
+    b, hq, t, d = qs
+    bk, hkv, s, dk = ks
+    if bk != b or vs[0] != b:
+        raise ValueError(f"attend: batch mismatch: q {qs}, keys {ks}, values {vs}")
+    if hkv == 0 or hq % hkv or vs[1] != hkv:
         raise ValueError(
             f"attend: {hq} query heads must be a multiple of the {hkv} key/value heads (values "
-            f"have {values.shape[1]})"
+            f"have {vs[1]})"
         )
     if dk != d:
         raise ValueError(f"attend: query head dim {d} != key head dim {dk}")
-    if values.shape[2] != s:
-        raise ValueError(f"attend: {s} keys but {values.shape[2]} values")
+    if vs[2] != s:
+        raise ValueError(f"attend: {s} keys but {vs[2]} values")
     if isinstance(mask, str):
         if mask != "causal":
             raise ValueError(f"attend: the only string mask is 'causal', got {mask!r}")
@@ -95,7 +92,8 @@ def attend(q: mx.array, keys: mx.array, values: mx.array, mask: Mask, scale: flo
     if mask is not None and not isinstance(mask, str) and mask.dtype != mx.bool_:
         native = None  # an additive mask: MLX's fused kernel adds it
     if softcap or alibi is not None or native is not None:
-        out = _attend_explicit(q, keys, values, mask, scale, sinks, softcap, native, alibi)
+        out = _attend_explicit(q, keys, values, mask, scale, sinks, softcap, native, alibi,
+                               (b, hq, t, d, hkv, s, vs[3]))
     else:
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=mask,
                                                    sinks=sinks)
@@ -103,17 +101,16 @@ def attend(q: mx.array, keys: mx.array, values: mx.array, mask: Mask, scale: flo
 
 
 def _attend_explicit(q, keys, values, mask: Mask, scale: float, sinks, softcap: float, native,
-                     alibi=None):
+                     alibi, dims):
     """Attention written out: float32 scores (softcapped if ``softcap``, ALiBi's bias
-    added if ``alibi``), the masked softmax
+    added if ``alibi``; ``dims``: B, Hq, T, D, Hkv, S, Dv), the masked softmax
     (``native``'s primitive, or MLX's ops when None), then the product with V.
 
     The query heads sharing a K/V head are adjacent rows of one product (``[B, Hkv, G*T, D]``
     against ``[B, Hkv, S, D]``), so K/V are not repeated and each product is as tall as it
     can be.
     """
-    b, hq, t, d = q.shape
-    hkv, s, dv = keys.shape[1], keys.shape[2], values.shape[3]
+    b, hq, t, d, hkv, s, dv = dims  # (B, Hq, T, D, Hkv, S, Dv), as attend read them
     rows = hq // hkv * t
     qg = q.astype(mx.float32).reshape(b, hkv, rows, d)
     scores = (qg * scale) @ keys.astype(mx.float32).swapaxes(-1, -2)      # [B, Hkv, G*T, S]

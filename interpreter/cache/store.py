@@ -121,13 +121,13 @@ class KVStore(StoreState):
             CacheError: wrong shapes, batch or T, a write already staged, or (implicit
                 begin) the step does not fit. The store is unchanged.
         """
-        self._check_inputs(k, v)
+        t = self._check_inputs(k, v)
         if self._staged is not None:
             raise self._error("update() already called in this step; commit() or rollback()")
         if self._pending is None:
-            self.begin(k.shape[2])
-        elif k.shape[2] != self._pending:
-            raise self._error(f"begin({self._pending}) but update() got T={k.shape[2]} tokens")
+            self.begin(t)
+        elif t != self._pending:
+            raise self._error(f"begin({self._pending}) but update() got T={t} tokens")
         compute = k.dtype
         dtype = self._dtype if self._dtype is not None else compute
         codec = self._codec
@@ -222,26 +222,29 @@ class KVStore(StoreState):
     def _check_fits(self, n_new: int) -> None:
         """Raise CacheError if a step of n_new tokens cannot be taken (subclass hook)."""
 
-    def _check_inputs(self, k: mx.array, v: mx.array) -> None:
+    def _check_inputs(self, k: mx.array, v: mx.array) -> int:
+        """The step's token count T, once k and v are what the store takes."""
         g = self.geometry
-        if k.ndim != 4 or v.ndim != 4:
-            raise self._error(f"k and v must be 4-D [B, H, T, D], got {k.shape} and {v.shape}")
+        ks, vs = k.shape, v.shape  # (each read of .shape builds a new tuple)
+        if len(ks) != 4 or len(vs) != 4:
+            raise self._error(f"k and v must be 4-D [B, H, T, D], got {ks} and {vs}")
         want_k = (g.kv_heads, g.head_dim)
         # Latent attention's node names its keys as v too (the values are read from them).
         want_v = want_k if g.values_in_keys else (g.kv_heads, g.v_head_dim)
-        if (k.shape[1], k.shape[3]) != want_k or (v.shape[1], v.shape[3]) != want_v:
+        if (ks[1], ks[3]) != want_k or (vs[1], vs[3]) != want_v:
             raise self._error(
                 f"expected k [B, {g.kv_heads}, T, {g.head_dim}] and v [B, {g.kv_heads}, T, "
-                f"{want_v[1]}], got {k.shape} and {v.shape}"
+                f"{want_v[1]}], got {ks} and {vs}"
             )
-        if k.shape[0] != v.shape[0] or k.shape[2] != v.shape[2]:
-            raise self._error(f"k {k.shape} and v {v.shape} disagree on B or T")
-        if self._batch is not None and k.shape[0] != self._batch:
+        if ks[0] != vs[0] or ks[2] != vs[2]:
+            raise self._error(f"k {ks} and v {vs} disagree on B or T")
+        if self._batch is not None and ks[0] != self._batch:
             raise self._error(
-                f"batch {k.shape[0]} but the cache holds batch {self._batch}; reset() first"
+                f"batch {ks[0]} but the cache holds batch {self._batch}; reset() first"
             )
         if not mx.issubdtype(k.dtype, mx.floating) or not mx.issubdtype(v.dtype, mx.floating):
             raise self._error(f"k/v must be floating point, got {k.dtype} and {v.dtype}")
+        return ks[2]
 
     def _alloc_size(self, needed: int) -> int:
         """Slots to allocate so that ``needed`` slots exist (never past ``_slots``)."""
@@ -262,28 +265,31 @@ class KVStore(StoreState):
 
     def _stage(self, k: mx.array, v: mx.array, dtype: mx.Dtype):
         """Build the staged state and the attention inputs; k/v already in storage dtype."""
-        start, t, slots, w = self.length, k.shape[2], self._slots, self.window
+        batch, _, t, _ = k.shape
+        start, slots, w = self.length, self._slots, self.window
         end = start + t
         first_needed = max(0, start - w + 1) if w else 0
         if end - slots > first_needed:
             return self._stage_linear(k, v, dtype)
-        buf_k, buf_v = self._buffers(k.shape[0], self._alloc_size(min(slots, end)), dtype)
+        size = self._alloc_size(min(slots, end))
+        buf_k, buf_v = self._buffers(batch, size, dtype)
         buf_k = write_slots(buf_k, k, start, slots)
-        buf_v = _maybe(lambda b: write_slots(b, v, start, slots), buf_v)
+        if buf_v is not None:
+            buf_v = write_slots(buf_v, v, start, slots)
         oldest = max(self._oldest, end - slots)
         first = max(oldest, first_needed)
-        lo = first % slots
-        if lo + (end - first) <= buf_k.shape[2]:
+        lo, n = first % slots, end - first
+        if lo + n <= size:
             # The keys the step needs sit in order in one run of slots: a view.
-            keys = buf_k[:, :, lo : lo + end - first, :]
-            values = _maybe(lambda b: b[:, :, lo : lo + end - first, :], buf_v)
-            mask = ordered_mask(first, end - first, start, t, w, self.chunk)
-            self._key_layout = (first, end - first)
+            keys = buf_k[:, :, lo : lo + n]
+            values = None if buf_v is None else buf_v[:, :, lo : lo + n]
+            mask = ordered_mask(first, n, start, t, w, self.chunk)
+            self._key_layout = (first, n)
         else:
             keys, values = buf_k, buf_v
             mask = slot_mask(slots, end, start, t, w, self.chunk)
             self._key_layout = (None, slots)
-        return keys, values, mask, (buf_k, buf_v, end, oldest, dtype, k.shape[0])
+        return keys, values, mask, (buf_k, buf_v, end, oldest, dtype, batch)
 
     def _stage_linear(self, k: mx.array, v: mx.array, dtype: mx.Dtype):
         """A step too long to write in place: attend over history + k in order, rebuild."""

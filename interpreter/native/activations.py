@@ -48,7 +48,7 @@ def native_for(*arrays):
     """The extension when it computes on these operands (all float32, CPU stream), else
     None."""
     for a in arrays:  # a loop, not any(): this runs for several nodes of every step
-        if a.dtype != mx.float32:
+        if not a.dtype == mx.float32:  # (Dtype's == is cheaper than its !=)
             return None
     return native_module() if mx.default_device() == mx.cpu else None
 
@@ -91,13 +91,14 @@ def rope(x, cos, sin):
     or device, x's last axis odd or broadcast, shapes that do not broadcast, an empty
     result, the switch off."""
     native = native_for(x, cos, sin)
-    if native is None or x.ndim == 0 or x.shape[-1] % 2:
+    xs = x.shape
+    if native is None or not xs or xs[-1] % 2:
         return None
     try:
-        shape = mx.broadcast_shapes(x.shape, cos.shape, sin.shape)
+        shape = mx.broadcast_shapes(xs, cos.shape, sin.shape)
     except ValueError:
         return None  # the MLX-op code raises its own error
-    if shape[-1] != x.shape[-1] or 0 in shape:
+    if shape[-1] != xs[-1] or 0 in shape:
         return None
     return native.rope(x, cos, sin)
 

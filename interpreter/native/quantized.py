@@ -125,8 +125,10 @@ def _packed_eligible(scales, group_size: int, bits: int) -> bool:
 def eligible(kernel: NativeKernel, x, scales, group_size: int, bits: int) -> bool:
     """Whether the native kernel computes this product: float32 x, few rows, and the packed
     weights' rule."""
-    return (kernel.fn is not None and x.dtype == mx.float32 and x.ndim >= 1
-            and 1 <= x.size // max(x.shape[-1], 1) <= kernel.max_rows
+    if kernel.fn is None or not x.dtype == mx.float32:  # (Dtype's == is its cheap test)
+        return False
+    shape = x.shape  # a new tuple per read: every node of every decode step asks
+    return (len(shape) >= 1 and 1 <= x.size // (shape[-1] or 1) <= kernel.max_rows
             and _packed_eligible(scales, group_size, bits))
 
 
