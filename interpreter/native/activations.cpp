@@ -80,7 +80,14 @@ class Activation : public mx::Primitive {
     float* dst = out.data<float>();
     size_t n = x.size();
     bool silu = silu_;
-    encoder.dispatch([src, dst, n, silu]() { run(src, dst, n, silu); });
+    if (x.flags().row_contiguous) {
+      encoder.dispatch([src, dst, n, silu]() { run(src, dst, n, silu); });
+    } else {  // a view (strided, broadcast): gathered into out, then computed in place
+      encoder.dispatch([src, dst, n, silu, shape = x.shape(), strides = x.strides()]() {
+        mlxgraph_eval::gather(src, shape, strides, dst);
+        run(dst, dst, n, silu);
+      });
+    }
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -97,11 +104,11 @@ class Activation : public mx::Primitive {
   bool silu_;
 };
 
-mx::array activation(const mx::array& x_in, bool silu) {
-  if (x_in.dtype() != mx::float32)
+// x goes in as it is, a view included (no Contiguous node: eval_cpu gathers a view).
+mx::array activation(const mx::array& x, bool silu) {
+  if (x.dtype() != mx::float32)
     throw std::invalid_argument("mlxgraph activations: float32 input only");
   auto s = mx::default_stream(mx::Device::cpu);
-  auto x = mx::contiguous(x_in, false, s);
   return mx::array(x.shape(), mx::float32, std::make_shared<Activation>(s, silu), {x});
 }
 

@@ -34,25 +34,7 @@ inline hmx::array row_major(const hmx::array& a, const hmx::Stream& s) {
   return hmx::contiguous(a, false, s);
 }
 
-// The elements of a view of ``shape`` and ``strides`` (in elements) from ``src``, in
-// row-major order into ``dst``.
-inline void gather(const float* src, const hmx::Shape& shape, const hmx::Strides& strides,
-                   float* dst) {
-  const int nd = (int)shape.size();
-  size_t total = 1;
-  for (int d = 0; d < nd; ++d) total *= shape[d];
-  std::vector<int64_t> index(nd, 0);
-  int64_t at = 0;
-  for (size_t i = 0; i < total; ++i) {
-    dst[i] = src[at];
-    for (int d = nd - 1; d >= 0; --d) {  // the next index, carried like an odometer
-      at += strides[d];
-      if (++index[d] < shape[d]) break;
-      at -= strides[d] * shape[d];
-      index[d] = 0;
-    }
-  }
-}
+using mlxgraph_eval::gather;  // (cpu_eval.h; quantized_matvec.cpp gathers its views)
 
 struct HalfProblem {
   const float* x;        // [M][K], widened

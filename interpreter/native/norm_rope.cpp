@@ -15,6 +15,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "mlx/utils.h"
 #include "cpu_eval.h"
 #include "norm_rope_rows.h"
 
@@ -37,7 +38,17 @@ class RmsNorm : public mx::Primitive {
     RmsJob job{x.data<float>(), weight_ ? inputs[1].data<float>() : nullptr,
                out.data<float>(), {x.shape(), x.strides()}, eps_};
     auto fn = all_levels()[g_level.load()].rms;
-    encoder.dispatch([job = std::move(job), fn]() { fn(job); });
+    if (!weight_ || inputs[1].flags().row_contiguous) {
+      encoder.dispatch([job = std::move(job), fn]() { fn(job); });
+      return;
+    }
+    // a view of a weight (strided, broadcast): gathered into a row of its own
+    encoder.dispatch([job = std::move(job), fn, ws = inputs[1].strides()]() mutable {
+      std::vector<float> w(job.rows.shape.back());
+      mlxgraph_eval::gather(job.w, {(int)w.size()}, ws, w.data());
+      job.w = w.data();
+      fn(job);
+    });
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -64,9 +75,11 @@ class Rope : public mx::Primitive {
     auto& out = outputs[0];
     auto& encoder = mlxgraph_eval::begin_eval(stream(), inputs, out);
     const auto &x = inputs[0], &c = inputs[1], &s = inputs[2];
+    const auto& shape = out.shape();
+    using mlxgraph_eval::broadcast_strides;  // the operands come unbroadcast (rope() below)
     RopeJob job{x.data<float>(), c.data<float>(), s.data<float>(), out.data<float>(),
-                {out.shape(), x.strides()}, {out.shape(), c.strides()},
-                {out.shape(), s.strides()}};
+                {shape, broadcast_strides(x, shape)}, {shape, broadcast_strides(c, shape)},
+                {shape, broadcast_strides(s, shape)}};
     auto fn = all_levels()[g_level.load()].rope;
     encoder.dispatch([job = std::move(job), fn]() { fn(job); });
   }
@@ -92,7 +105,7 @@ mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight, f
   if (weight) {
     if (weight->dtype() != mx::float32 || weight->ndim() != 1 || weight->shape(0) != x.shape(-1))
       refuse("RMSNorm: the weight must be float32 [D], D = x's last axis");
-    inputs.push_back(mx::contiguous(*weight, false, s));
+    inputs.push_back(*weight);  // a view too: eval_cpu gathers it (no Contiguous node)
   }
   return mx::array(x.shape(), mx::float32, std::make_shared<RmsNorm>(s, eps, weight.has_value()),
                    std::move(inputs));
@@ -103,12 +116,12 @@ mx::array rope(const mx::array& x, const mx::array& cos, const mx::array& sin) {
       x.ndim() < 1)
     refuse("RoPE: x, cos and sin must be float32, x at least 1-D");
   auto s = mx::default_stream(mx::Device::cpu);
-  // views with zero strides where an operand broadcasts (raises if they cannot)
-  auto inputs = mx::broadcast_arrays({x, cos, sin}, s);
-  const auto& shape = inputs[0].shape();
+  // the operands go in as they are, eval_cpu reading each with zero strides where it
+  // broadcasts (no Broadcast nodes); raises if they cannot broadcast
+  auto shape = mx::broadcast_shapes(mx::broadcast_shapes(x.shape(), cos.shape()), sin.shape());
   if (shape.back() % 2 || x.shape(-1) != shape.back())
     refuse("RoPE: x's last axis must be even and the result's");
-  return mx::array(shape, mx::float32, std::make_shared<Rope>(s), std::move(inputs));
+  return mx::array(std::move(shape), mx::float32, std::make_shared<Rope>(s), {x, cos, sin});
 }
 
 std::vector<std::string> levels() {
