@@ -253,6 +253,11 @@ def golden_steps(session, doc: dict) -> list:
     return steps
 
 
+def _as_lists(outs: dict) -> dict:
+    """Outputs as JSON-ready float64 lists."""
+    return {k: v.astype(np.float64).tolist() for k, v in outs.items()}
+
+
 def record_outputs(mlxg: Path) -> Path:
     """Run ``mlxg`` on GOLDEN_TOKENS, then GOLDEN_NEXT_TOKENS, and write the outputs next to
     it (format-X.Y.outputs.json): what every later mlxgraph must compute from that file."""
@@ -261,9 +266,8 @@ def record_outputs(mlxg: Path) -> Path:
     session = mlxgraph.load(mlxg).session(capacity=16)
     plan = {"tokens": GOLDEN_TOKENS, "next": {"tokens": GOLDEN_NEXT_TOKENS}}
     (_, first), (_, second) = golden_steps(session, plan)
-    as_lists = lambda outs: {k: v.astype(np.float64).tolist() for k, v in outs.items()}  # noqa: E731
-    doc = {"tokens": GOLDEN_TOKENS, "outputs": as_lists(first),
-           "next": {"tokens": GOLDEN_NEXT_TOKENS, "outputs": as_lists(second)}}
+    doc = {"tokens": GOLDEN_TOKENS, "outputs": _as_lists(first),
+           "next": {"tokens": GOLDEN_NEXT_TOKENS, "outputs": _as_lists(second)}}
     path = mlxg.with_name(mlxg.name[:-len(".mlxg")] + ".outputs.json")
     path.write_text(json.dumps(doc) + "\n")
     return path
